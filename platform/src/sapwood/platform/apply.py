@@ -1,0 +1,695 @@
+"""Apply: the one function that turns TITO events into stored state.
+
+Both the Kafka ingest and the in-process transport call :func:`apply_events` inside a
+database transaction. It is idempotent (an event id already stored is skipped), checks the
+per-execution order, verifies every model call's input digest against the input
+reconstructed from the tree, and writes the events, their spans and every projection in
+the caller's transaction — so either the whole batch lands or nothing does.
+
+Work is split in two phases: *plan* validates each event against the stored state plus the
+effects of the batch's earlier events (an in-memory overlay), *write* bulk-inserts the rows.
+In ``strict`` mode the first invalid event raises and nothing is written; otherwise invalid
+events are returned as :class:`Rejected` (for the dead letters) and the rest are applied.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from sapwood.platform import schema as t
+from sapwood.platform.errors import (
+    ConflictError,
+    DigestMismatchError,
+    SapwoodError,
+    SequenceError,
+    UnknownParentError,
+    ValidationError,
+)
+from sapwood.platform.events import (
+    Event,
+    ExecutionFinished,
+    ExecutionStarted,
+    Fork,
+    ModelCall,
+    Observation,
+    PartialScore,
+    PolicyPublished,
+    Prompt,
+    SegmentBoundary,
+)
+from sapwood.platform.spans import insert_spans, path_tokens
+from sapwood.platform.tokens import digest_bytes, input_hasher, pack
+
+Hasher = Any  # hashlib.blake2b object
+
+
+class ContextCache:
+    """LRU of prefix hash states: node id → BLAKE2b state after the node's last token.
+
+    A model call's input digest is then checked in O(appended tokens); a miss rebuilds the
+    node's path from the store once. Nodes are immutable, so entries never go stale.
+    """
+
+    def __init__(self, max_nodes: int = 200_000) -> None:
+        self.max_nodes = max_nodes
+        self._states: OrderedDict[str, Hasher] = OrderedDict()
+
+    def get(self, node_id: str) -> Hasher | None:
+        state = self._states.get(node_id)
+        if state is not None:
+            self._states.move_to_end(node_id)
+        return state
+
+    def merge(self, states: dict[str, Hasher]) -> None:
+        """Add states of nodes whose transaction committed."""
+        self._states.update(states)
+        while len(self._states) > self.max_nodes:
+            self._states.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+@dataclass
+class Rejected:
+    """An event that could not be applied, with the reason."""
+
+    event: Event
+    error: SapwoodError
+
+
+@dataclass
+class ApplyResult:
+    """Outcome of one :func:`apply_events` call."""
+
+    applied: list[Event] = field(default_factory=list)
+    duplicates: int = 0
+    rejected: list[Rejected] = field(default_factory=list)
+    tokens: int = 0
+    #: Prefix states of the nodes created; merge into the cache only after commit.
+    new_states: dict[str, Hasher] = field(default_factory=dict)
+
+
+@dataclass
+class _Node:
+    node_id: str
+    execution_id: str
+    role: int
+    depth: int
+    length: int
+    segment: int
+
+    @property
+    def end(self) -> int:
+        return self.depth + self.length
+
+
+_EXEC_COUNTERS = ("n_nodes", "n_tokens", "n_input_tokens", "n_output_tokens", "n_calls", "n_forks")
+
+
+class _Plan:
+    """Validated effects of a batch, not yet written."""
+
+    def __init__(self, conn: Connection, cache: ContextCache | None, *, replay: bool) -> None:
+        self.conn = conn
+        self.cache = cache
+        self.replay = replay
+        self.execs: dict[str, dict[str, Any]] = {}
+        self.new_execs: set[str] = set()
+        self.nodes: dict[str, _Node] = {}
+        self.new_nodes: dict[str, dict[str, Any]] = {}
+        self.node_updates: dict[str, dict[str, Any]] = {}
+        self.children_new: dict[str | None, list[str]] = {}
+        self.spans: dict[bytes, bytes] = {}
+        self.states: dict[str, Hasher] = {}
+        self.rows: dict[str, list[dict[str, Any]]] = {
+            "events": [],
+            "calls": [],
+            "segments": [],
+            "scores": [],
+            "policy_versions": [],
+        }
+        self.policy_keys: set[tuple[str, int]] = set()
+
+    # -- loading ---------------------------------------------------------------------------------------
+    def load(self, events: Sequence[Event]) -> None:
+        exec_ids = sorted({e.execution_id for e in events if e.execution_id})
+        if exec_ids:
+            q = sa.select(t.executions).where(t.executions.c.execution_id.in_(exec_ids))
+            if self.conn.dialect.name == "postgresql":
+                q = q.with_for_update()
+            for row in self.conn.execute(q).mappings():
+                self.execs[row["execution_id"]] = dict(row)
+        refs: set[str] = set()
+        for e in events:
+            for name in ("parent", "at_node", "from_node"):
+                ref = getattr(e, name, None)
+                if ref:
+                    refs.add(ref)
+        self._load_nodes(refs)
+
+    def _load_nodes(self, node_ids: Iterable[str]) -> None:
+        wanted = [n for n in node_ids if n not in self.nodes]
+        if not wanted:
+            return
+        cols = t.nodes.c
+        q = sa.select(cols.node_id, cols.execution_id, cols.role, cols.depth, cols.length, cols.segment).where(
+            cols.node_id.in_(wanted)
+        )
+        for r in self.conn.execute(q):
+            self.nodes[r.node_id] = _Node(r.node_id, r.execution_id, r.role, r.depth, r.length, r.segment)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def node(self, node_id: str, execution_id: str, what: str) -> _Node:
+        node = self.nodes.get(node_id)
+        if node is None:
+            self._load_nodes([node_id])
+            node = self.nodes.get(node_id)
+        if node is None or node.execution_id != execution_id:
+            raise UnknownParentError(
+                f"{what} {node_id} is not a node of execution {execution_id}; expected the id of a node "
+                "created by an earlier event of the same execution"
+            )
+        return node
+
+    def state(self, node_id: str) -> Hasher:
+        """Hash state of the full context ending at ``node_id``."""
+        state = self.states.get(node_id)
+        if state is None and self.cache is not None:
+            state = self.cache.get(node_id)
+        if state is None:
+            state = input_hasher()
+            state.update(pack(path_tokens(self.conn, node_id)))
+            self.states[node_id] = state
+        return state
+
+    def child_state(self, parent: str | None, data: bytes) -> Hasher:
+        state = input_hasher() if parent is None else self.state(parent).copy()
+        state.update(data)
+        return state
+
+    def exec_state(self, event: Event) -> dict[str, Any]:
+        assert event.execution_id is not None
+        st = self.execs.get(event.execution_id)
+        if st is None:
+            raise UnknownParentError(
+                f"{event.kind} for unknown execution {event.execution_id}; expected an execution_started "
+                "event (seq 0) first",
+                event_id=event.event_id,
+            )
+        return st
+
+    def check_seq(self, event: Event) -> dict[str, Any] | None:
+        """Per-execution order: seq must be exactly last_seq + 1."""
+        if isinstance(event, ExecutionStarted):
+            if event.execution_id in self.execs:
+                raise ConflictError(
+                    f"execution {event.execution_id} was already started by another event; "
+                    f"event {event.event_id} reuses its id"
+                )
+            return None
+        st = self.exec_state(event)
+        expected = st["last_seq"] + 1
+        if event.seq != expected:
+            kind = "gap" if (event.seq or 0) > expected else "reuse"
+            raise SequenceError(
+                f"sequence {kind} in execution {event.execution_id}: got seq {event.seq}, expected {expected}",
+                event_id=event.event_id,
+            )
+        if st["status"] != "running" and not isinstance(event, PartialScore):
+            raise SequenceError(
+                f"{event.kind} after execution {event.execution_id} finished ({st['status']}); only "
+                "partial_score events may follow execution_finished",
+                event_id=event.event_id,
+            )
+        return st
+
+    # -- planning one event ---------------------------------------------------------------------------
+    def plan(self, event: Event) -> None:
+        """Validate ``event`` against the current state and add its effects, or raise."""
+        event.validate()
+        st = self.check_seq(event)
+        if st is not None:
+            event.check_vocab(st["vocab_size"])
+        elif isinstance(event, ExecutionStarted):
+            pass
+        changes = _Changes()
+        handler = _HANDLERS[type(event)]
+        handler(self, event, st, changes)
+        self.commit_changes(event, st, changes)
+
+    def commit_changes(self, event: Event, st: dict[str, Any] | None, ch: _Changes) -> None:
+        for node_row, tokens, state in ch.nodes:
+            nid = node_row["node_id"]
+            self.new_nodes[nid] = node_row
+            self.nodes[nid] = _Node(
+                nid, node_row["execution_id"], node_row["role"], node_row["depth"], node_row["length"],
+                node_row["segment"],
+            )
+            self.children_new.setdefault(node_row["parent_id"], []).append(nid)
+            self.spans.setdefault(node_row["span_digest"], tokens)
+            self.states[nid] = state
+            ch.exec_delta["n_nodes"] = ch.exec_delta.get("n_nodes", 0) + 1
+            ch.exec_delta["n_tokens"] = ch.exec_delta.get("n_tokens", 0) + node_row["length"]
+            parent = node_row["parent_id"] or node_row["prev_segment_node"]
+            if parent:
+                self._update_node(parent, is_leaf=False)
+        for nid, upd in ch.node_updates.items():
+            self._update_node(nid, **upd)
+        for digest, data in ch.spans.items():
+            self.spans.setdefault(digest, data)
+        for table, row in ch.rows:
+            self.rows[table].append(row)
+        if ch.new_exec is not None:
+            self.execs[ch.new_exec["execution_id"]] = ch.new_exec
+            self.new_execs.add(ch.new_exec["execution_id"])
+        elif st is not None:
+            for key, delta in ch.exec_delta.items():
+                st[key] = st[key] + delta
+            st.update(ch.exec_set)
+            st["last_seq"] = event.seq
+        if ch.policy_key is not None:
+            self.policy_keys.add(ch.policy_key)
+        if not self.replay:
+            self.rows["events"].append(_event_row(event, ch.array_refs, ch.body_overrides))
+
+    def _update_node(self, node_id: str, **values: Any) -> None:
+        if node_id in self.new_nodes:
+            self.new_nodes[node_id].update(values)
+        else:
+            self.node_updates.setdefault(node_id, {}).update(values)
+
+    # -- full-input matching -----------------------------------------------------------------------
+    def match_whole_nodes(self, execution_id: str, tokens: np.ndarray) -> tuple[str | None, int]:
+        """Longest chain of existing whole nodes that prefixes ``tokens``: (last node, tokens matched)."""
+        parent: str | None = None
+        offset = 0
+        while offset < tokens.size:
+            found = None
+            for nid, digest, length in self._children(execution_id, parent):
+                if offset + length <= tokens.size and digest == digest_bytes(pack(tokens[offset : offset + length])):
+                    found = (nid, length)
+                    break
+            if found is None:
+                break
+            parent, offset = found[0], offset + found[1]
+        return parent, offset
+
+    def _children(self, execution_id: str, parent: str | None) -> list[tuple[str, bytes, int]]:
+        c = t.nodes.c
+        cond = c.parent_id.is_(None) if parent is None else c.parent_id == parent
+        q = sa.select(c.node_id, c.span_digest, c.length, c.segment).where(c.execution_id == execution_id, cond)
+        out = [(r.node_id, bytes(r.span_digest), r.length) for r in self.conn.execute(q) if parent or r.segment == 0]
+        for nid in self.children_new.get(parent, []):
+            row = self.new_nodes[nid]
+            if row["execution_id"] == execution_id and (parent or row["segment"] == 0):
+                out.append((nid, row["span_digest"], row["length"]))
+        return out
+
+
+@dataclass
+class _Changes:
+    nodes: list[tuple[dict[str, Any], bytes, Hasher]] = field(default_factory=list)
+    node_updates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    spans: dict[bytes, bytes] = field(default_factory=dict)
+    rows: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    exec_delta: dict[str, int] = field(default_factory=dict)
+    exec_set: dict[str, Any] = field(default_factory=dict)
+    new_exec: dict[str, Any] | None = None
+    array_refs: dict[str, list[Any]] = field(default_factory=dict)
+    policy_key: tuple[str, int] | None = None
+    body_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def span(self, name: str, arr: np.ndarray) -> bytes | None:
+        """Register ``arr`` as a span; return its digest (None when empty)."""
+        if arr.size == 0:
+            self.array_refs[name] = [None, 0]
+            return None
+        data = pack(arr)
+        digest = digest_bytes(data)
+        self.spans.setdefault(digest, data)
+        self.array_refs[name] = [digest.hex(), int(arr.size)]
+        return digest
+
+    def add_node(
+        self,
+        plan: _Plan,
+        *,
+        node_id: str,
+        event: Event,
+        parent: _Node | None,
+        role: int,
+        array_name: str,
+        tokens: np.ndarray,
+        segment: int | None = None,
+        prev_segment_node: str | None = None,
+        call_id: str | None = None,
+        policy_version: int | None = None,
+    ) -> dict[str, Any]:
+        digest = self.span(array_name, tokens)
+        assert digest is not None
+        data = self.spans[digest]
+        local = {row["node_id"]: st for row, _, st in self.nodes}
+        if parent is None:
+            state = input_hasher()
+            state.update(data)
+        elif parent.node_id in local:
+            state = local[parent.node_id].copy()
+            state.update(data)
+        else:
+            state = plan.child_state(parent.node_id, data)
+        row = {
+            "node_id": node_id,
+            "execution_id": event.execution_id,
+            "parent_id": parent.node_id if parent else None,
+            "prev_segment_node": prev_segment_node,
+            "role": role,
+            "span_digest": digest,
+            "length": int(tokens.size),
+            "depth": parent.end if parent else 0,
+            "segment": segment if segment is not None else (parent.segment if parent else 0),
+            "is_leaf": True,
+            "fork_branches": 0,
+            "call_id": call_id,
+            "policy_version": policy_version,
+            "seq": event.seq,
+        }
+        if node_id in plan.nodes:
+            raise ConflictError(f"node {node_id} already exists (event {event.event_id} reuses its id)")
+        self.nodes.append((row, data, state))
+        return row
+
+
+def _h_started(plan: _Plan, e: ExecutionStarted, st: Any, ch: _Changes) -> None:
+    ch.new_exec = {
+        "execution_id": e.execution_id,
+        "run_id": e.run_id,
+        "task_id": e.task_id,
+        "task_family": e.task_family,
+        "engine": e.engine,
+        "sampling_params": e.sampling_params,
+        "vocab_size": e.vocab_size,
+        "metadata": e.metadata,
+        "status": "running",
+        "reward": None,
+        "leaf_rewards": {},
+        "message": "",
+        "started_at": e.created_at,
+        "finished_at": None,
+        "last_seq": 0,
+        "n_segments": 1,
+        "max_policy_version": None,
+        "score": None,
+        "score_revision": None,
+        **dict.fromkeys(_EXEC_COUNTERS, 0),
+    }
+
+
+def _h_prompt(plan: _Plan, e: Prompt, st: Any, ch: _Changes) -> None:
+    assert e.execution_id is not None
+    parent = plan.node(e.parent, e.execution_id, "prompt parent") if e.parent else None
+    ch.add_node(plan, node_id=e.node_id, event=e, parent=parent, role=t.ROLE_PROMPT, array_name="token_ids",
+                tokens=e.token_ids)
+
+
+def _h_observation(plan: _Plan, e: Observation, st: Any, ch: _Changes) -> None:
+    assert e.execution_id is not None
+    parent = plan.node(e.parent, e.execution_id, "observation parent")
+    ch.add_node(plan, node_id=e.node_id, event=e, parent=parent, role=t.ROLE_OBSERVATION,
+                array_name="token_ids", tokens=e.token_ids)
+
+
+def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], ch: _Changes) -> None:
+    exec_id = e.execution_id
+    assert exec_id is not None
+    appended = e.appended
+    if e.parent is not None:
+        parent: _Node | None = plan.node(e.parent, exec_id, "model_call parent")
+        full_len = (parent.end if parent else 0) + int(appended.size)
+        state = plan.child_state(e.parent, pack(appended))
+        input_node_id = e.input_node_id
+    else:
+        # Full input: verify directly, then share whatever whole nodes already exist.
+        state = input_hasher()
+        state.update(pack(appended))
+        full_len = int(appended.size)
+        matched, offset = plan.match_whole_nodes(exec_id, appended)
+        parent = plan.nodes[matched] if matched else None
+        appended = appended[offset:]
+        input_node_id = e.input_node_id if appended.size else matched
+    digest = state.hexdigest()
+    if digest != e.input_digest:
+        raise DigestMismatchError(
+            f"model_call {e.event_id}: input digest {e.input_digest} does not match the input "
+            f"reconstructed from the tree ({digest}, {full_len} tokens); expected the BLAKE2b-128 of "
+            "the exact input ids",
+            event_id=e.event_id,
+        )
+    if appended.size:
+        in_row = ch.add_node(plan, node_id=e.input_node_id or "", event=e, parent=parent, role=t.ROLE_PROMPT,
+                             array_name="appended", tokens=appended)
+        input_parent = _Node(in_row["node_id"], exec_id, t.ROLE_PROMPT, in_row["depth"], in_row["length"],
+                             in_row["segment"])
+    else:
+        ch.array_refs["appended"] = [None, 0]
+        assert parent is not None
+        input_parent = parent
+    if e.parent is None:
+        # Stored normalized: the matched node as parent, only the unmatched rest as tokens.
+        ch.body_overrides["parent"] = parent.node_id if parent else None
+    role = t.ROLE_SUMMARY if e.call_kind == "summary" else t.ROLE_ACTION
+    ch.add_node(plan, node_id=e.output_node_id, event=e, parent=input_parent, role=role,
+                array_name="output_ids", tokens=e.output_ids, call_id=e.event_id,
+                policy_version=e.policy_version)
+    lp_digest = ch.span("output_logprobs", e.output_logprobs)
+    ch.rows.append(("calls", {
+        "call_id": e.event_id,
+        "execution_id": exec_id,
+        "seq": e.seq,
+        "call_kind": e.call_kind,
+        "segment": input_parent.segment,
+        "input_node": input_node_id or input_parent.node_id,
+        "input_len": full_len,
+        "input_digest": e.input_digest,
+        "output_node": e.output_node_id,
+        "n_output": int(e.output_ids.size),
+        "logprobs_digest": lp_digest,
+        "policy_version": e.policy_version,
+        "finish_reason": e.finish_reason,
+        "timings": e.timings,
+        "sampling_params": e.sampling_params,
+        "created_at": e.created_at,
+    }))
+    ch.exec_delta.update(n_calls=1, n_input_tokens=full_len, n_output_tokens=int(e.output_ids.size))
+    mpv = st["max_policy_version"]
+    ch.exec_set["max_policy_version"] = e.policy_version if mpv is None else max(mpv, e.policy_version)
+
+
+def _h_fork(plan: _Plan, e: Fork, st: Any, ch: _Changes) -> None:
+    assert e.execution_id is not None
+    plan.node(e.at_node, e.execution_id, "fork point")
+    ch.node_updates[e.at_node] = {"fork_branches": e.branches}
+    ch.exec_delta["n_forks"] = 1
+
+
+def _h_segment(plan: _Plan, e: SegmentBoundary, st: dict[str, Any], ch: _Changes) -> None:
+    assert e.execution_id is not None
+    src = plan.node(e.from_node, e.execution_id, "segment_boundary.from_node")
+    if src.role != t.ROLE_SUMMARY:
+        raise ValidationError(
+            f"segment_boundary.from_node {e.from_node} is a {t.ROLE_NAMES[src.role]} node; expected the "
+            "output node of a summary call",
+            event_id=e.event_id,
+        )
+    segment = src.segment + 1
+    ch.add_node(plan, node_id=e.root_node_id, event=e, parent=None, role=t.ROLE_PROMPT, array_name="token_ids",
+                tokens=e.token_ids, segment=segment, prev_segment_node=e.from_node)
+    ch.rows.append(("segments", {"root_node": e.root_node_id, "execution_id": e.execution_id,
+                                 "segment": segment, "from_node": e.from_node, "seq": e.seq}))
+    ch.exec_set["n_segments"] = max(st["n_segments"], segment + 1)
+
+
+def _h_finished(plan: _Plan, e: ExecutionFinished, st: Any, ch: _Changes) -> None:
+    assert e.execution_id is not None
+    for node_id in e.leaf_rewards:
+        plan.node(node_id, e.execution_id, "leaf_rewards key")
+    ch.exec_set.update(status=e.status, reward=e.reward, leaf_rewards=dict(e.leaf_rewards), message=e.message,
+                       finished_at=e.created_at)
+
+
+def _h_score(plan: _Plan, e: PartialScore, st: dict[str, Any], ch: _Changes) -> None:
+    expected = 0 if st["score_revision"] is None else st["score_revision"] + 1
+    if e.revision != expected:
+        raise SequenceError(
+            f"partial_score revision {e.revision} for execution {e.execution_id}; expected {expected}",
+            event_id=e.event_id,
+        )
+    ch.rows.append(("scores", {"event_id": e.event_id, "execution_id": e.execution_id, "revision": e.revision,
+                               "score": float(e.score), "components": e.components, "scorer": e.scorer,
+                               "note": e.note, "created_at": e.created_at}))
+    ch.exec_set.update(score=float(e.score), score_revision=e.revision)
+
+
+def _h_policy(plan: _Plan, e: PolicyPublished, st: Any, ch: _Changes) -> None:
+    key = (e.run_id, e.version)
+    exists = key in plan.policy_keys or plan.conn.execute(
+        sa.select(t.policy_versions.c.version).where(
+            t.policy_versions.c.run_id == e.run_id, t.policy_versions.c.version == e.version
+        )
+    ).first()
+    if exists:
+        raise ConflictError(f"policy version {e.version} of run {e.run_id} was already published")
+    ch.policy_key = key
+    ch.rows.append(("policy_versions", {"run_id": e.run_id, "version": e.version, "event_id": e.event_id,
+                                        "checkpoint": e.checkpoint, "metadata": e.metadata,
+                                        "published_at": e.created_at}))
+
+
+_HANDLERS: dict[type[Event], Any] = {
+    ExecutionStarted: _h_started,
+    Prompt: _h_prompt,
+    Observation: _h_observation,
+    ModelCall: _h_call,
+    Fork: _h_fork,
+    SegmentBoundary: _h_segment,
+    ExecutionFinished: _h_finished,
+    PartialScore: _h_score,
+    PolicyPublished: _h_policy,
+}
+
+
+def _event_row(event: Event, array_refs: dict[str, list[Any]], overrides: dict[str, Any]) -> dict[str, Any]:
+    body = {**event.scalar_fields(), **overrides}
+    refs = dict(array_refs)
+    for name, arr in event.array_fields().items():
+        if name not in refs:
+            refs[name] = [digest_bytes(pack(arr)).hex() if arr.size else None, int(arr.size)]
+    body["arrays"] = refs
+    return {
+        "event_id": event.event_id,
+        "execution_id": event.execution_id,
+        "seq": event.seq,
+        "kind": event.kind,
+        "schema_version": event.schema_version,
+        "created_at": event.created_at,
+        "body": body,
+    }
+
+
+def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, tuple[str | None, int | None, str]]:
+    ids = [e.event_id for e in events]
+    found: dict[str, tuple[str | None, int | None, str]] = {}
+    c = t.events.c
+    for chunk_start in range(0, len(ids), 1000):
+        chunk = ids[chunk_start : chunk_start + 1000]
+        for r in conn.execute(sa.select(c.event_id, c.execution_id, c.seq, c.kind).where(c.event_id.in_(chunk))):
+            found[r.event_id] = (r.execution_id, r.seq, r.kind)
+    return found
+
+
+def apply_events(
+    conn: Connection,
+    events: Sequence[Event],
+    *,
+    cache: ContextCache | None = None,
+    strict: bool = True,
+    replay: bool = False,
+) -> ApplyResult:
+    """Validate and apply ``events`` (in order) inside the caller's transaction on ``conn``.
+
+    ``strict``: raise on the first invalid event (nothing written); otherwise collect invalid
+    events in ``ApplyResult.rejected`` and apply the others. ``replay``: re-derive projections
+    from events already stored (no event/span writes, no duplicate check) — used by rebuilds.
+    The caller merges ``result.new_states`` into ``cache`` after its transaction commits.
+    """
+    result = ApplyResult()
+    if not events:
+        return result
+    for ev in events:
+        if not isinstance(ev, Event):
+            raise ValidationError(f"apply_events expects Event objects, got {type(ev).__name__}")
+    todo: list[Event] = list(events)
+    if not replay:
+        existing = _find_duplicates(conn, todo)
+        seen: set[str] = set()
+        fresh: list[Event] = []
+        for ev in todo:
+            prior = existing.get(ev.event_id)
+            if prior is not None or ev.event_id in seen:
+                if prior is not None and (prior[0], prior[1], prior[2]) != (ev.execution_id, ev.seq, ev.kind):
+                    err = ConflictError(
+                        f"event id {ev.event_id} was already stored as {prior[2]} seq {prior[1]} of "
+                        f"execution {prior[0]}; this event reuses it with different content"
+                    )
+                    if strict:
+                        raise err
+                    result.rejected.append(Rejected(ev, err))
+                    continue
+                result.duplicates += 1
+                continue
+            seen.add(ev.event_id)
+            fresh.append(ev)
+        todo = fresh
+    plan = _Plan(conn, cache, replay=replay)
+    plan.load(todo)
+    for ev in todo:
+        try:
+            plan.plan(ev)
+        except (ValidationError, ConflictError) as exc:
+            if strict:
+                raise
+            result.rejected.append(Rejected(ev, exc))
+            continue
+        result.applied.append(ev)
+        result.tokens += ev.n_tokens()
+    _write(conn, plan)
+    result.new_states = {nid: plan.states[nid] for nid in plan.new_nodes if nid in plan.states}
+    return result
+
+
+def _write(conn: Connection, plan: _Plan) -> None:
+    """Bulk-write a plan's rows into the caller's transaction."""
+    if not plan.replay and plan.spans:
+        insert_spans(conn, plan.spans)
+    if plan.rows["events"]:
+        conn.execute(t.events.insert(), plan.rows["events"])
+    if plan.new_execs:
+        conn.execute(t.executions.insert(), [plan.execs[x] for x in sorted(plan.new_execs)])
+    if plan.new_nodes:
+        conn.execute(t.nodes.insert(), list(plan.new_nodes.values()))
+    for table in ("calls", "segments", "scores", "policy_versions"):
+        if plan.rows[table]:
+            conn.execute(getattr(t, table).insert(), plan.rows[table])
+    _bulk_update_nodes(conn, plan.node_updates)
+    touched = [plan.execs[x] for x in plan.execs if x not in plan.new_execs]
+    if touched:
+        cols = [c.name for c in t.executions.columns if c.name != "execution_id"]
+        stmt = (
+            t.executions.update()
+            .where(t.executions.c.execution_id == sa.bindparam("_eid"))
+            .values({c: sa.bindparam(c) for c in cols})
+        )
+        conn.execute(stmt, [{"_eid": r["execution_id"], **{c: r[c] for c in cols}} for r in touched])
+
+
+def _bulk_update_nodes(conn: Connection, updates: dict[str, dict[str, Any]]) -> None:
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for nid, values in updates.items():
+        groups.setdefault(tuple(sorted(values)), []).append({"_nid": nid, **values})
+    for keys, rows in groups.items():
+        stmt = (
+            t.nodes.update()
+            .where(t.nodes.c.node_id == sa.bindparam("_nid"))
+            .values({k: sa.bindparam(k) for k in keys})
+        )
+        conn.execute(stmt, rows)
+
+
+__all__ = ["ApplyResult", "ContextCache", "Rejected", "apply_events"]

@@ -1,0 +1,136 @@
+"""The ``sapwood`` command line. Components add their commands via ``sapwood.<component>.cli.register``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sapwood.platform.settings import Settings
+
+app = typer.Typer(help="Sapwood: the trajectory data platform for long-horizon agent RL.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+console = Console()
+
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option("--database-url", envvar="SAPWOOD_DATABASE_URL", help="SQLAlchemy URL (default: ./sapwood.db)"),
+]
+
+
+def _url(database_url: str | None) -> str:
+    return database_url or Settings().database_url
+
+
+@db_app.command("upgrade")
+def db_upgrade(database_url: DatabaseOpt = None, revision: str = "head") -> None:
+    """Apply migrations up to REVISION (default: head)."""
+    from sapwood.platform.store import Store
+
+    store = Store.open(_url(database_url), migrate=False)
+    store.migrate(revision)
+    console.print(f"database at revision [bold]{store.current_revision()}[/]")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: str, database_url: DatabaseOpt = None) -> None:
+    """Revert migrations down to REVISION (e.g. base)."""
+    from sapwood.platform.store import Store
+
+    store = Store.open(_url(database_url), migrate=False)
+    store.downgrade(revision)
+    console.print(f"database at revision [bold]{store.current_revision()}[/]")
+
+
+@db_app.command("current")
+def db_current(database_url: DatabaseOpt = None) -> None:
+    """Print the current migration revision."""
+    from sapwood.platform.store import Store
+
+    console.print(Store.open(_url(database_url), migrate=False).current_revision() or "base (empty)")
+
+
+@app.command()
+def synth(
+    database_url: DatabaseOpt = None,
+    executions: Annotated[int, typer.Option(help="synthetic executions to load")] = 1,
+    calls: Annotated[int, typer.Option(help="model calls per execution")] = 300,
+    forks: int = 4,
+    segments: int = 3,
+    seed: int = 0,
+) -> None:
+    """Load synthetic long-horizon executions into the store and print tree statistics."""
+    from rich.progress import Progress
+
+    from sapwood.platform.store import Store
+    from sapwood.platform.synthetic import SynthConfig, synthetic_execution
+
+    store = Store.open(_url(database_url))
+    tokens = 0
+    t0 = time.perf_counter()
+    with Progress(console=console) as progress:
+        task = progress.add_task("loading executions", total=executions)
+        for i in range(executions):
+            w = synthetic_execution(SynthConfig(calls=calls, forks=forks, segments=segments, seed=seed + i))
+            tokens += store.apply(w.events).tokens
+            progress.advance(task)
+    elapsed = time.perf_counter() - t0
+    _print_stats(store.stats())
+    console.print(f"applied {tokens:,} tokens in {elapsed:.2f} s ({tokens / elapsed:,.0f} tokens/s)")
+    print(json.dumps({"tokens": tokens, "seconds": round(elapsed, 3), **store.stats()}))
+
+
+@app.command()
+def stats(database_url: DatabaseOpt = None) -> None:
+    """Print store statistics (tokens, dedup ratio, executions by status)."""
+    from sapwood.platform.store import Store
+
+    _print_stats(Store.open(_url(database_url)).stats())
+
+
+@app.command()
+def rebuild(database_url: DatabaseOpt = None) -> None:
+    """Drop every projection, rebuild it from the events, and prove the rebuild identical."""
+    from sapwood.platform.store import Store
+
+    store = Store.open(_url(database_url))
+    before = store.projection_hash()
+    n = store.rebuild_projections()
+    after = store.projection_hash()
+    console.print(f"replayed {n:,} events; projection hash {before[:16]} → {after[:16]}")
+    if before != after:
+        console.print("[red]rebuild differs from the live projection[/]")
+        raise typer.Exit(1)
+    console.print("[green]rebuild identical[/]")
+
+
+def _print_stats(s: dict[str, object]) -> None:
+    table = Table(title="Sapwood store", show_header=False)
+    for key, value in s.items():
+        table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    console.print(table)
+
+
+# Component commands (ingest, learn, serve, demo, ...) register themselves when installed.
+for _component in ("ingest", "rollout", "learner", "scheduler", "api"):
+    try:
+        _mod = importlib.import_module(f"sapwood.{_component}.cli")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"sapwood.{_component}.cli":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

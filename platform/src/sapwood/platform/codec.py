@@ -1,0 +1,152 @@
+"""Compact binary wire codec for TITO events.
+
+Layout (all integers little-endian)::
+
+    b"SPWD"  magic
+    u8       wire version (1)
+    u8       flags: bit 0 = payload zstd-compressed
+    payload: u32 header length · header (UTF-8 JSON, scalars only) · raw array bytes
+
+The header names each array with its dtype and element count (``[name, "<i4", n]``);
+token ids are packed int32 and log-probs float32 — numbers never travel as JSON lists.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from sapwood.platform.errors import DecodeError, DTypeError, SchemaVersionError
+from sapwood.platform.events import EVENT_TYPES, SUPPORTED_SCHEMA_VERSIONS, Event, build_event
+from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
+
+MAGIC = b"SPWD"
+WIRE_VERSION = 1
+FLAG_ZSTD = 0x01
+_PREFIX = struct.Struct("<4sBB")
+_U32 = struct.Struct("<I")
+_DTYPES = {"tokens": TOKEN_DTYPE, "logprobs": LOGPROB_DTYPE}
+#: Payloads smaller than this are not worth compressing.
+ZSTD_MIN_BYTES = 512
+
+_compressor = zstandard.ZstdCompressor(level=1)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+def encode(event: Event, *, compress: bool = False) -> bytes:
+    """Serialize ``event``; with ``compress`` the payload is zstd-compressed when that pays off."""
+    arrays = event.array_fields()
+    header = {
+        "schema_version": event.schema_version,
+        "kind": event.kind,
+        "event_id": event.event_id,
+        "execution_id": event.execution_id,
+        "seq": event.seq,
+        "created_at": event.created_at,
+        "fields": event.scalar_fields(),
+        "arrays": [[name, arr.dtype.str, int(arr.size)] for name, arr in arrays.items()],
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    payload = b"".join([_U32.pack(len(head)), head, *(arr.tobytes() for arr in arrays.values())])
+    flags = 0
+    if compress and len(payload) >= ZSTD_MIN_BYTES:
+        payload = _compressor.compress(payload)
+        flags |= FLAG_ZSTD
+    return _PREFIX.pack(MAGIC, WIRE_VERSION, flags) + payload
+
+
+def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
+    """Parse bytes from :func:`encode`; raise :class:`DecodeError` (or a subclass of
+    :class:`ValidationError`) saying what was wrong and what was expected."""
+    buf = bytes(data)
+    if len(buf) < _PREFIX.size:
+        raise DecodeError(f"event too short: {len(buf)} bytes, expected at least {_PREFIX.size}")
+    magic, version, flags = _PREFIX.unpack_from(buf)
+    if magic != MAGIC:
+        raise DecodeError(f"not a Sapwood event: magic {magic!r}, expected {MAGIC!r}")
+    if version != WIRE_VERSION:
+        raise SchemaVersionError(f"unknown wire version {version}, expected {WIRE_VERSION}")
+    if flags & ~FLAG_ZSTD:
+        raise DecodeError(f"unknown flags 0x{flags:02x}")
+    payload = buf[_PREFIX.size :]
+    if flags & FLAG_ZSTD:
+        try:
+            payload = _decompressor.decompress(payload)
+        except zstandard.ZstdError as exc:
+            raise DecodeError(f"corrupt zstd payload: {exc}") from None
+    header, offset = _read_header(payload)
+    version_seen = header.get("schema_version")
+    if version_seen not in SUPPORTED_SCHEMA_VERSIONS:
+        raise SchemaVersionError(
+            f"unknown schema version {version_seen!r}; expected one of {sorted(SUPPORTED_SCHEMA_VERSIONS)}",
+            event_id=header.get("event_id"),
+        )
+    kind = header.get("kind")
+    cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise DecodeError(f"unknown event kind {kind!r}; expected one of {sorted(EVENT_TYPES)}")
+    declared = dict(cls.arrays)
+    arrays: dict[str, np.ndarray] = {}
+    for entry in header.get("arrays", []):
+        try:
+            name, dtype_str, count = entry
+            count = int(count)
+        except (TypeError, ValueError):
+            raise DecodeError(f"bad array descriptor {entry!r}, expected [name, dtype, count]") from None
+        if name not in declared:
+            raise DecodeError(f"{kind}: unexpected array {name!r}; expected {sorted(declared)}")
+        expected = _DTYPES[declared[name]]
+        if not _is_dtype(dtype_str) or np.dtype(dtype_str) != expected:
+            raise DTypeError(
+                f"{kind}.{name}: wrong dtype {dtype_str!r}, expected {expected.str!r}",
+                event_id=header.get("event_id"),
+            )
+        nbytes = count * expected.itemsize
+        if count < 0 or offset + nbytes > len(payload):
+            raise DecodeError(f"{kind}.{name}: truncated ({count} elements declared)")
+        arrays[name] = np.frombuffer(payload, dtype=expected, count=count, offset=offset)
+        offset += nbytes
+    if offset != len(payload):
+        raise DecodeError(f"{len(payload) - offset} trailing bytes after the declared arrays")
+    envelope = {k: header.get(k) for k in ("event_id", "execution_id", "seq", "schema_version", "created_at")}
+    fields_ = header.get("fields")
+    if not isinstance(fields_, dict):
+        raise DecodeError("header.fields must be an object")
+    event = build_event(kind, envelope, fields_, arrays)  # type: ignore[arg-type]
+    if validate:
+        event.validate()
+    return event
+
+
+def _is_dtype(text: Any) -> bool:
+    try:
+        np.dtype(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _read_header(payload: bytes) -> tuple[dict[str, Any], int]:
+    if len(payload) < _U32.size:
+        raise DecodeError("payload too short for its header length")
+    (length,) = _U32.unpack_from(payload)
+    end = _U32.size + length
+    if end > len(payload):
+        raise DecodeError(f"header length {length} exceeds payload ({len(payload)} bytes)")
+    try:
+        header = json.loads(payload[_U32.size : end])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DecodeError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise DecodeError("header must be a JSON object")
+    return header, end
+
+
+def peek_key(event: Event) -> bytes:
+    """Partition key: the execution id (run id for run-scoped events)."""
+    key = event.execution_id or getattr(event, "run_id", "") or event.event_id
+    return key.encode()

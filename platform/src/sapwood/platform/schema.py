@@ -1,0 +1,201 @@
+"""SQLAlchemy 2 tables of the store (one metadata for SQLite and PostgreSQL).
+
+Git-like layout: ``spans`` is the content-addressed object store (packed token ids or
+log-probs, stored once), ``events`` the append-only log referencing spans, and every other
+table a projection derived from events (droppable and rebuildable, see :mod:`projection`).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    UniqueConstraint,
+    Uuid,
+)
+from sqlalchemy.dialects import postgresql
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+#: JSONB on PostgreSQL, JSON text on SQLite.
+Json = JSON().with_variant(postgresql.JSONB(), "postgresql")
+#: 64-bit autoincrement key that SQLite also accepts (INTEGER PRIMARY KEY).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+#: UUIDs: native ``uuid`` on PostgreSQL (16 B), 32-char hex on SQLite; Python sees strings.
+Id = Uuid(as_uuid=False)
+
+# Node roles (also the learner's role codes).
+ROLE_PROMPT = 0
+ROLE_OBSERVATION = 1
+ROLE_ACTION = 2
+ROLE_SUMMARY = 3
+ROLE_NAMES = {ROLE_PROMPT: "prompt", ROLE_OBSERVATION: "observation", ROLE_ACTION: "action", ROLE_SUMMARY: "summary"}
+
+events = Table(
+    "events",
+    metadata,
+    Column("pos", BigId, primary_key=True, autoincrement=True, comment="global append order"),
+    Column("event_id", Id, nullable=False, unique=True),
+    Column("execution_id", Id, nullable=True),
+    Column("seq", Integer, nullable=True),
+    Column("kind", String(32), nullable=False),
+    Column("schema_version", SmallInteger, nullable=False),
+    Column("created_at", Float, nullable=False, comment="producer clock, unix seconds"),
+    Column("body", Json, nullable=False, comment="scalar fields; arrays as [span digest hex, count]"),
+    UniqueConstraint("execution_id", "seq", name="uq_events_execution_seq"),
+)
+
+spans = Table(
+    "spans",
+    metadata,
+    Column("digest", LargeBinary(16), primary_key=True, comment="BLAKE2b-128 of data"),
+    Column("data", LargeBinary, nullable=False, comment="packed little-endian int32 ids or float32 log-probs"),
+)
+
+executions = Table(
+    "executions",
+    metadata,
+    Column("execution_id", Id, primary_key=True),
+    Column("run_id", String(128), nullable=False, index=True),
+    Column("task_id", String(256), nullable=False, index=True),
+    Column("task_family", String(64), nullable=False),
+    Column("engine", String(128), nullable=False),
+    Column("sampling_params", Json, nullable=False),
+    Column("vocab_size", Integer, nullable=True),
+    Column("metadata", Json, nullable=False),
+    Column("status", String(16), nullable=False, index=True, comment="running/success/timeout/error"),
+    Column("reward", Float, nullable=True),
+    Column("leaf_rewards", Json, nullable=False),
+    Column("message", String, nullable=False),
+    Column("started_at", Float, nullable=False, index=True),
+    Column("finished_at", Float, nullable=True),
+    Column("last_seq", Integer, nullable=False),
+    Column("n_nodes", Integer, nullable=False),
+    Column("n_tokens", BigInteger, nullable=False, comment="tokens in the tree (shared prefixes once)"),
+    Column("n_input_tokens", BigInteger, nullable=False, comment="sum of call input lengths"),
+    Column("n_output_tokens", BigInteger, nullable=False),
+    Column("n_calls", Integer, nullable=False),
+    Column("n_forks", Integer, nullable=False),
+    Column("n_segments", Integer, nullable=False),
+    Column("max_policy_version", Integer, nullable=True),
+    Column("score", Float, nullable=True, comment="latest partial score"),
+    Column("score_revision", Integer, nullable=True),
+)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("node_id", Id, primary_key=True),
+    Column("execution_id", Id, nullable=False, index=True),
+    Column("parent_id", Id, nullable=True, index=True, comment="previous node of the same context"),
+    Column("prev_segment_node", Id, nullable=True, comment="segment root: the summary it continues"),
+    Column("role", SmallInteger, nullable=False),
+    Column("span_digest", LargeBinary(16), nullable=False),
+    Column("length", Integer, nullable=False, comment="tokens in this node"),
+    Column("depth", Integer, nullable=False, comment="token offset of the node's first token in its context"),
+    Column("segment", Integer, nullable=False),
+    Column("is_leaf", Boolean, nullable=False),
+    Column("fork_branches", Integer, nullable=False, comment="0 unless a fork event names this node"),
+    Column("call_id", Id, nullable=True, comment="model call that produced this node"),
+    Column("policy_version", Integer, nullable=True),
+    Column("seq", Integer, nullable=False, comment="seq of the creating event"),
+)
+
+calls = Table(
+    "calls",
+    metadata,
+    Column("call_id", Id, primary_key=True),
+    Column("execution_id", Id, nullable=False, index=True),
+    Column("seq", Integer, nullable=False),
+    Column("call_kind", String(8), nullable=False),
+    Column("segment", Integer, nullable=False),
+    Column("input_node", Id, nullable=False, comment="last node of the input path"),
+    Column("input_len", Integer, nullable=False),
+    Column("input_digest", String(32), nullable=False),
+    Column("output_node", Id, nullable=False),
+    Column("n_output", Integer, nullable=False),
+    Column("logprobs_digest", LargeBinary(16), nullable=False),
+    Column("policy_version", Integer, nullable=False),
+    Column("finish_reason", String(32), nullable=False),
+    Column("timings", Json, nullable=False),
+    Column("sampling_params", Json, nullable=True),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_calls_input_node", calls.c.input_node)
+
+segments = Table(
+    "segments",
+    metadata,
+    Column("root_node", Id, primary_key=True),
+    Column("execution_id", Id, nullable=False, index=True),
+    Column("segment", Integer, nullable=False),
+    Column("from_node", Id, nullable=False),
+    Column("seq", Integer, nullable=False),
+)
+
+scores = Table(
+    "scores",
+    metadata,
+    Column("event_id", Id, primary_key=True),
+    Column("execution_id", Id, nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("score", Float, nullable=False),
+    Column("components", Json, nullable=False),
+    Column("scorer", String(128), nullable=False),
+    Column("note", String, nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("execution_id", "revision", name="uq_scores_execution_revision"),
+)
+
+policy_versions = Table(
+    "policy_versions",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("event_id", Id, nullable=False),
+    Column("checkpoint", String, nullable=False),
+    Column("metadata", Json, nullable=False),
+    Column("published_at", Float, nullable=False),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("received_at", Float, nullable=False),
+    Column("reason", String(32), nullable=False),
+    Column("message", String, nullable=False),
+    Column("event_id", Id, nullable=True),
+    Column("execution_id", Id, nullable=True),
+    Column("source", String(256), nullable=False, comment="e.g. kafka:topic/partition@offset"),
+    Column("payload", LargeBinary, nullable=False, comment="the original bytes"),
+)
+
+consumer_offsets = Table(
+    "consumer_offsets",
+    metadata,
+    Column("group_id", String(128), primary_key=True),
+    Column("topic", String(256), primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("next_offset", BigInteger, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+#: Tables derived from events; dropped and rebuilt by ``rebuild_projections``.
+PROJECTION_TABLES = (executions, nodes, calls, segments, scores, policy_versions)

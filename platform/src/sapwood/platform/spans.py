@@ -1,0 +1,85 @@
+"""Content-addressed span storage and path reconstruction.
+
+A span is a packed array (int32 token ids or float32 log-probs) stored once under its
+BLAKE2b-128 digest, whichever executions use it. On PostgreSQL new spans go in through a
+binary ``COPY``; on SQLite through ``INSERT OR IGNORE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Connection
+
+from sapwood.platform import schema as t
+from sapwood.platform.errors import UnknownParentError
+from sapwood.platform.tokens import TOKEN_DTYPE, TokenArray
+
+_CHUNK = 1000
+
+
+def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
+    """The subset of ``digests`` already stored."""
+    wanted = list(digests)
+    found: set[bytes] = set()
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i : i + _CHUNK]
+        found.update(bytes(r[0]) for r in conn.execute(sa.select(t.spans.c.digest).where(t.spans.c.digest.in_(chunk))))
+    return found
+
+
+def insert_spans(conn: Connection, spans: dict[bytes, bytes]) -> int:
+    """Store the spans not yet stored; return how many were new."""
+    if conn.dialect.name == "sqlite":
+        stmt = sqlite.insert(t.spans).on_conflict_do_nothing(index_elements=["digest"])
+        conn.execute(stmt, [{"digest": d, "data": b} for d, b in spans.items()])
+        return len(spans)
+    missing = [d for d in spans if d not in existing_digests(conn, spans)]
+    if not missing:
+        return 0
+    if conn.dialect.name == "postgresql":
+        raw = conn.connection.driver_connection
+        with raw.cursor() as cur, cur.copy("COPY spans (digest, data) FROM STDIN (FORMAT BINARY)") as copy:  # type: ignore[union-attr]
+            copy.set_types(["bytea", "bytea"])
+            for d in missing:
+                copy.write_row((d, spans[d]))
+    else:
+        conn.execute(t.spans.insert(), [{"digest": d, "data": spans[d]} for d in missing])
+    return len(missing)
+
+
+def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]:
+    """Fetch span bytes by digest."""
+    wanted = list({bytes(d) for d in digests})
+    out: dict[bytes, bytes] = {}
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i : i + _CHUNK]
+        for d, data in conn.execute(sa.select(t.spans.c.digest, t.spans.c.data).where(t.spans.c.digest.in_(chunk))):
+            out[bytes(d)] = bytes(data)
+    return out
+
+
+_PATH_SQL = sa.text(
+    """
+    WITH RECURSIVE path(node_id, parent_id, depth, span_digest) AS (
+        SELECT node_id, parent_id, depth, span_digest FROM nodes WHERE node_id = :node_id
+        UNION ALL
+        SELECT n.node_id, n.parent_id, n.depth, n.span_digest
+        FROM nodes n JOIN path p ON n.node_id = p.parent_id
+    )
+    SELECT p.depth, s.data FROM path p JOIN spans s ON s.digest = p.span_digest ORDER BY p.depth
+    """
+).bindparams(sa.bindparam("node_id", type_=t.Id))
+
+
+def path_tokens(conn: Connection, node_id: str) -> TokenArray:
+    """Tokens of the context that ends with node ``node_id`` (root → node), as int32 [L]."""
+    rows = conn.execute(_PATH_SQL, {"node_id": node_id}).all()
+    if not rows:
+        raise UnknownParentError(f"node {node_id} does not exist")
+    if len(rows) == 1:
+        return np.frombuffer(rows[0][1], dtype=TOKEN_DTYPE)
+    return np.frombuffer(b"".join(r[1] for r in rows), dtype=TOKEN_DTYPE)

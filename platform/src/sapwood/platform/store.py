@@ -1,0 +1,222 @@
+"""The store: one SQLAlchemy engine (SQLite embedded or PostgreSQL), migrations, apply and reads."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine
+
+from sapwood.platform import schema as t
+from sapwood.platform.apply import ApplyResult, ContextCache, apply_events
+from sapwood.platform.errors import (
+    ConflictError,
+    SapwoodError,
+    StoreError,
+    StoreUnavailableError,
+    UnknownParentError,
+)
+from sapwood.platform.events import Event
+from sapwood.platform.projection import projection_hash, rebuild_projections
+from sapwood.platform.spans import load_spans, path_tokens
+from sapwood.platform.tokens import FloatArray, TokenArray, unpack_logprobs, unpack_tokens
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Translate driver errors into Sapwood's exception types at the boundary."""
+    try:
+        yield
+    except SapwoodError:
+        raise
+    except sa_exc.IntegrityError as exc:
+        raise ConflictError(f"store constraint violated: {exc.orig}") from exc
+    except sa_exc.DBAPIError as exc:
+        if exc.connection_invalidated or isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+            raise StoreUnavailableError(f"database unavailable: {exc.orig}") from exc
+        raise StoreError(f"database error: {exc.orig}") from exc
+    except sa_exc.SQLAlchemyError as exc:
+        raise StoreError(f"database error: {exc}") from exc
+
+
+def migrations_dir() -> Path:
+    """The Alembic scripts: the repository's ``migrations/`` or the copy packaged in the wheel."""
+    here = Path(__file__).resolve()
+    repo = here.parents[4] / "migrations"
+    return repo if (repo / "env.py").exists() else here.parent / "_migrations"
+
+
+def make_engine(url: str, *, statement_timeout_ms: int = 30_000) -> Engine:
+    """Engine with Sapwood's connection settings for either backend."""
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+        @sa_event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return sa.create_engine(
+        url,
+        pool_pre_ping=True,
+        connect_args={"options": f"-c statement_timeout={statement_timeout_ms}"},
+    )
+
+
+class Store:
+    """Event store + projections behind one engine; every public method translates driver errors."""
+
+    def __init__(self, engine: Engine, *, cache_nodes: int = 200_000) -> None:
+        self.engine = engine
+        self.cache = ContextCache(cache_nodes)
+
+    @classmethod
+    def open(cls, url: str, *, migrate: bool = True, **engine_kw: Any) -> Store:
+        store = cls(make_engine(url, **engine_kw))
+        if migrate:
+            store.migrate()
+        return store
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- schema ----------------------------------------------------------------------------------------
+    def _alembic(self, conn: Connection) -> Any:
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(migrations_dir()))
+        cfg.attributes["connection"] = conn
+        return cfg
+
+    def migrate(self, revision: str = "head") -> None:
+        from alembic import command
+
+        with translate_errors(), self.engine.begin() as conn:
+            command.upgrade(self._alembic(conn), revision)
+
+    def downgrade(self, revision: str) -> None:
+        from alembic import command
+
+        with translate_errors(), self.engine.begin() as conn:
+            command.downgrade(self._alembic(conn), revision)
+
+    def current_revision(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        with translate_errors(), self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    # -- writes ----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        with translate_errors(), self.engine.begin() as conn:
+            yield conn
+
+    def apply(self, events: Sequence[Event], *, strict: bool = True, retries: int = 3) -> ApplyResult:
+        """Apply ``events`` in one transaction (see :func:`apply_events`); retried on write races."""
+        for attempt in range(retries + 1):
+            try:
+                with self.transaction() as conn:
+                    result = apply_events(conn, events, cache=self.cache, strict=strict)
+            except ConflictError as exc:
+                if isinstance(exc.__cause__, sa_exc.IntegrityError) and attempt < retries:
+                    continue  # a concurrent writer stored the same span/event first; re-plan
+                raise
+            self.cache.merge(result.new_states)
+            return result
+        raise AssertionError("unreachable")
+
+    def rebuild_projections(self) -> int:
+        with self.transaction() as conn:
+            n = rebuild_projections(conn)
+        self.cache = ContextCache(self.cache.max_nodes)
+        return n
+
+    # -- reads -----------------------------------------------------------------------------------------
+    def projection_hash(self) -> str:
+        with self.transaction() as conn:
+            return projection_hash(conn)
+
+    def node_context(self, node_id: str) -> TokenArray:
+        """Tokens of the context ending with ``node_id`` (root → node)."""
+        with self.transaction() as conn:
+            return path_tokens(conn, node_id)
+
+    def reconstruct_input(self, call_id: str) -> TokenArray:
+        """The exact input ids of model call ``call_id``, rebuilt from the tree."""
+        with self.transaction() as conn:
+            row = conn.execute(
+                sa.select(t.calls.c.input_node, t.calls.c.input_len).where(t.calls.c.call_id == call_id)
+            ).first()
+            if row is None:
+                raise UnknownParentError(f"model call {call_id} does not exist")
+            ids = path_tokens(conn, row.input_node)
+        if ids.size != row.input_len:
+            raise StoreError(f"call {call_id}: reconstructed {ids.size} tokens, recorded {row.input_len}")
+        return ids
+
+    def call_output(self, call_id: str) -> tuple[TokenArray, FloatArray]:
+        """Output ids [n] and rollout log-probs [n] of model call ``call_id``."""
+        with self.transaction() as conn:
+            row = conn.execute(
+                sa.select(t.nodes.c.span_digest, t.calls.c.logprobs_digest)
+                .select_from(t.calls.join(t.nodes, t.nodes.c.node_id == t.calls.c.output_node))
+                .where(t.calls.c.call_id == call_id)
+            ).first()
+            if row is None:
+                raise UnknownParentError(f"model call {call_id} does not exist")
+            spans = load_spans(conn, [row.span_digest, row.logprobs_digest])
+        return unpack_tokens(spans[bytes(row.span_digest)]), unpack_logprobs(spans[bytes(row.logprobs_digest)])
+
+    def stats(self) -> dict[str, Any]:
+        """Store-wide counts; ``dedup_ratio`` = tokens a naive per-call store would hold ÷ tree tokens."""
+        with self.transaction() as conn:
+            c = t.calls.c
+            calls = conn.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(c.input_len), 0),
+                          sa.func.coalesce(sa.func.sum(c.n_output), 0))
+            ).one()
+            n = t.nodes.c
+            tree = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(n.length), 0))).one()
+            ex = conn.execute(sa.select(t.executions.c.status, sa.func.count()).group_by(t.executions.c.status)).all()
+            span_rows, span_bytes = conn.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(sa.func.length(t.spans.c.data)), 0))
+            ).one()
+            n_events = conn.execute(sa.select(sa.func.count()).select_from(t.events)).scalar_one()
+            forks = conn.execute(sa.select(sa.func.count()).where(n.fork_branches > 0)).scalar_one()
+            segs = conn.execute(sa.select(sa.func.count()).select_from(t.segments)).scalar_one()
+        naive = int(calls[1]) + int(calls[2])
+        tree_tokens = int(tree[1])
+        return {
+            "events": int(n_events),
+            "executions": {s: int(k) for s, k in ex},
+            "calls": int(calls[0]),
+            "nodes": int(tree[0]),
+            "fork_points": int(forks),
+            "compactions": int(segs),
+            "tree_tokens": tree_tokens,
+            "naive_tokens": naive,
+            "dedup_ratio": round(naive / tree_tokens, 3) if tree_tokens else None,
+            "span_rows": int(span_rows),
+            "span_bytes": int(span_bytes),
+        }
+
+    def token_array(self, digest: bytes) -> np.ndarray:
+        with self.transaction() as conn:
+            return unpack_tokens(load_spans(conn, [digest])[bytes(digest)])

@@ -1,0 +1,203 @@
+"""ExecutionWriter: builds a consistent stream of TITO events for one execution.
+
+It tracks the execution's tree (node lengths, prefix hash states, node tokens) so a model
+call's input is sent as ``parent node + appended tokens + digest of the full input``. It only
+builds events; recording them (Kafka or in-process) is the rollout recorder's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sapwood.platform.errors import LengthMismatchError, SequenceError, UnknownParentError, ValidationError
+from sapwood.platform.events import (
+    Event,
+    ExecutionFinished,
+    ExecutionStarted,
+    Fork,
+    ModelCall,
+    Observation,
+    PartialScore,
+    Prompt,
+    SegmentBoundary,
+    new_event_id,
+)
+from sapwood.platform.tokens import TokenArray, as_logprobs, as_tokens, input_hasher, pack
+
+
+@dataclass
+class _WNode:
+    parent: str | None
+    tokens: TokenArray
+    end: int
+    state: Any
+    role: str
+    segment: int
+
+
+class ExecutionWriter:
+    """Event factory for one execution; ``events`` keeps everything it built, in order."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        task_id: str,
+        task_family: str = "default",
+        engine: str = "unknown",
+        sampling_params: dict[str, Any] | None = None,
+        vocab_size: int | None = None,
+        execution_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        keep_events: bool = True,
+    ) -> None:
+        self.execution_id = execution_id or new_event_id()
+        self.run_id = run_id
+        self.task_id = task_id
+        self.task_family = task_family
+        self.engine = engine
+        self.sampling_params = dict(sampling_params or {})
+        self.vocab_size = vocab_size
+        self.metadata = dict(metadata or {})
+        self.keep_events = keep_events
+        self.events: list[Event] = []
+        self.nodes: dict[str, _WNode] = {}
+        self._seq = -1
+        self._score_revision = -1
+        self._continued: set[str] = set()
+        self.finished = False
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+    def _next(self, event: Event) -> Event:
+        if self.finished and not isinstance(event, PartialScore):
+            raise SequenceError(f"execution {self.execution_id} is finished; cannot record {event.kind}")
+        self._seq += 1
+        event.execution_id = self.execution_id
+        event.seq = self._seq
+        if self.keep_events:
+            self.events.append(event)
+        return event
+
+    def _node(self, node_id: str, what: str) -> _WNode:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise UnknownParentError(f"{what}: {node_id} is not a node of execution {self.execution_id}")
+        return node
+
+    def _add(self, node_id: str, parent: str | None, tokens: TokenArray, role: str, segment: int | None = None) -> None:
+        p = self.nodes[parent] if parent else None
+        state = p.state.copy() if p else input_hasher()
+        state.update(pack(tokens))
+        seg = segment if segment is not None else (p.segment if p else 0)
+        self.nodes[node_id] = _WNode(parent, tokens, (p.end if p else 0) + int(tokens.size), state, role, seg)
+
+    def context(self, node_id: str) -> TokenArray:
+        """Tokens of the context ending at ``node_id``."""
+        parts = []
+        cur: str | None = node_id
+        while cur is not None:
+            node = self._node(cur, "context")
+            parts.append(node.tokens)
+            cur = node.parent
+        return np.concatenate(parts[::-1]) if parts else np.zeros(0, dtype=np.int32)
+
+    def context_length(self, node_id: str) -> int:
+        return self._node(node_id, "context").end
+
+    # -- events ---------------------------------------------------------------------------------------
+    def start(self) -> ExecutionStarted:
+        if self._seq >= 0:
+            raise SequenceError("start() must be the first event of an execution")
+        ev = ExecutionStarted(run_id=self.run_id, task_id=self.task_id, task_family=self.task_family,
+                              engine=self.engine, sampling_params=self.sampling_params,
+                              vocab_size=self.vocab_size, metadata=self.metadata)
+        return self._next(ev)  # type: ignore[return-value]
+
+    def prompt(self, tokens: Any, *, parent: str | None = None, source: str = "prompt") -> Prompt:
+        if parent:
+            self._node(parent, "prompt parent")
+        ev = Prompt(parent=parent, token_ids=as_tokens(tokens), source=source)
+        self._next(ev)
+        self._add(ev.node_id, parent, ev.token_ids, "prompt")
+        return ev
+
+    def observe(self, parent: str, tokens: Any, *, source: str = "tool") -> Observation:
+        self._node(parent, "observation parent")
+        ev = Observation(parent=parent, token_ids=as_tokens(tokens), source=source)
+        self._next(ev)
+        self._add(ev.node_id, parent, ev.token_ids, "observation")
+        return ev
+
+    def call(
+        self,
+        parent: str | None,
+        appended: Any,
+        output_ids: Any,
+        output_logprobs: Any,
+        *,
+        kind: str = "action",
+        policy_version: int = 0,
+        finish_reason: str = "stop",
+        timings: dict[str, float] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+    ) -> ModelCall:
+        """Record a model call whose input is ``context(parent) + appended``."""
+        app = as_tokens(appended, name="appended input")
+        out = as_tokens(output_ids, name="output ids")
+        lps = as_logprobs(output_logprobs, name="output log-probs")
+        if out.size != lps.size:
+            raise LengthMismatchError(f"{out.size} output ids but {lps.size} log-probs; expected equal lengths")
+        if parent is None and app.size == 0:
+            raise ValidationError("a model call needs a non-empty input")
+        state = self._node(parent, "call parent").state.copy() if parent else input_hasher()
+        state.update(pack(app))
+        ev = ModelCall(call_kind=kind, parent=parent, appended=app, input_digest=state.hexdigest(),  # type: ignore[arg-type]
+                       output_ids=out, output_logprobs=lps, policy_version=policy_version,
+                       finish_reason=finish_reason, timings=dict(timings or {}), sampling_params=sampling_params)
+        self._next(ev)
+        in_node = parent
+        if app.size:
+            in_node = ev.input_node_id
+            self._add(in_node or "", parent, app, "prompt")
+        self._add(ev.output_node_id, in_node, out, kind)
+        return ev
+
+    def fork(self, at_node: str, branches: int, *, reason: str = "resample") -> Fork:
+        self._node(at_node, "fork point")
+        ev = Fork(at_node=at_node, branches=branches, reason=reason)
+        return self._next(ev)  # type: ignore[return-value]
+
+    def compact(self, from_node: str, context_tokens: Any) -> SegmentBoundary:
+        """Start a new segment whose context is ``context_tokens``, continuing summary ``from_node``."""
+        src = self._node(from_node, "compaction source")
+        if src.role != "summary":
+            raise ValidationError(f"compaction must follow a summary call's output, {from_node} is {src.role}")
+        ev = SegmentBoundary(from_node=from_node, token_ids=as_tokens(context_tokens))
+        self._next(ev)
+        self._continued.add(from_node)
+        self._add(ev.root_node_id, None, ev.token_ids, "prompt", segment=src.segment + 1)
+        return ev
+
+    def score(self, score: float, *, components: dict[str, float] | None = None, scorer: str = "default",
+              note: str = "") -> PartialScore:
+        self._score_revision += 1
+        ev = PartialScore(score=score, components=dict(components or {}), scorer=scorer,
+                          revision=self._score_revision, note=note)
+        return self._next(ev)  # type: ignore[return-value]
+
+    def finish(self, status: str = "success", reward: float | None = None, *,
+               leaf_rewards: dict[str, float] | None = None, message: str = "") -> ExecutionFinished:
+        ev = ExecutionFinished(status=status, reward=reward, leaf_rewards=dict(leaf_rewards or {}),  # type: ignore[arg-type]
+                               message=message)
+        self._next(ev)
+        self.finished = True
+        return ev
+
+    def leaves(self) -> list[str]:
+        """Current leaf nodes (no child, not continued by a later segment)."""
+        inner = {n.parent for n in self.nodes.values() if n.parent}
+        inner |= self._continued
+        return [nid for nid in self.nodes if nid not in inner]
