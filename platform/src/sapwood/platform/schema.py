@@ -197,5 +197,42 @@ consumer_offsets = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("kind", String(16), nullable=False, comment="live (follows new executions) or replay (fixed history)"),
+    Column("filter", Json, nullable=False, comment="ExecutionFilter selecting what the run consumes"),
+    Column("seed", Integer, nullable=False, comment="order of a replay run"),
+    Column("config", Json, nullable=False),
+    Column("description", String, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+run_items = Table(
+    "run_items",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("execution_id", Id, primary_key=True),
+    Column("order_key", BigInteger, nullable=False),
+    Column("state", String(8), nullable=False, comment="pending / claimed / done"),
+    Column("claimed_by", String(128), nullable=True),
+    Column("lease_until", Float, nullable=True),
+    Column("attempts", Integer, nullable=False),
+    Column("done_at", Float, nullable=True),
+    Index("ix_run_items_queue", "run_id", "state", "order_key"),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(32), primary_key=True, comment="public part of the key"),
+    Column("name", String(128), nullable=False),
+    Column("secret_hash", LargeBinary(32), nullable=False, comment="SHA-256 of the secret part"),
+    Column("scopes", String(64), nullable=False, comment="space-separated: read write admin"),
+    Column("created_at", Float, nullable=False),
+    Column("revoked", Boolean, nullable=False),
+)
+
 #: Tables derived from events; dropped and rebuilt by ``rebuild_projections``.
 PROJECTION_TABLES = (executions, nodes, calls, segments, scores, policy_versions)

@@ -1,0 +1,186 @@
+"""Training runs: which executions a run consumes, and exactly-once claims for its learners.
+
+A run is a filter over executions plus a queue (``run_items``). A *replay* run snapshots the
+matching history when it is created, in an order fixed by its seed (same filter + seed ⇒
+same executions, same order). A *live* run keeps adding newly finished executions that match.
+Learners claim pending items (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) under a lease; a
+crashed learner's items become claimable again when the lease expires; an item is marked
+done only by the learner that still holds it, so nothing is trained twice in a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from sapwood.platform import schema as t
+from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
+
+
+class ExecutionFilter(BaseModel):
+    """Which executions a query or a run selects; every field is optional and they AND together."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str | None = Field(default=None, description="executions recorded under this run id")
+    task_id: str | None = None
+    task_family: str | None = None
+    status: list[Literal["running", "success", "timeout", "error"]] | None = None
+    min_policy_version: int | None = Field(default=None, ge=0)
+    max_policy_version: int | None = Field(default=None, ge=0)
+    min_score: float | None = Field(default=None, description="on the reward, or the partial score if unrewarded")
+    max_score: float | None = None
+    started_after: float | None = Field(default=None, description="unix seconds")
+    started_before: float | None = None
+
+    def where(self) -> Any:
+        """SQL condition on the ``executions`` table (bound parameters only)."""
+        c = t.executions.c
+        conds: list[Any] = []
+        if self.run_id is not None:
+            conds.append(c.run_id == self.run_id)
+        if self.task_id is not None:
+            conds.append(c.task_id == self.task_id)
+        if self.task_family is not None:
+            conds.append(c.task_family == self.task_family)
+        if self.status:
+            conds.append(c.status.in_(self.status))
+        if self.min_policy_version is not None:
+            conds.append(c.max_policy_version >= self.min_policy_version)
+        if self.max_policy_version is not None:
+            conds.append(c.max_policy_version <= self.max_policy_version)
+        score = sa.func.coalesce(c.reward, c.score)
+        if self.min_score is not None:
+            conds.append(score >= self.min_score)
+        if self.max_score is not None:
+            conds.append(score <= self.max_score)
+        if self.started_after is not None:
+            conds.append(c.started_at >= self.started_after)
+        if self.started_before is not None:
+            conds.append(c.started_at < self.started_before)
+        return sa.and_(sa.true(), *conds)
+
+
+FINISHED = ("success", "timeout", "error")
+
+
+def _order_key(seed: int, execution_id: str) -> int:
+    digest = hashlib.blake2b(f"{seed}:{execution_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # fits a signed BIGINT
+
+
+def create_run(
+    conn: Connection,
+    run_id: str,
+    flt: ExecutionFilter,
+    *,
+    kind: Literal["live", "replay"] = "replay",
+    seed: int = 0,
+    config: dict[str, Any] | None = None,
+    description: str = "",
+) -> int:
+    """Create a run; a replay run snapshots the finished executions matching ``flt``. Returns items queued."""
+    if kind not in ("live", "replay"):
+        raise ValidationError(f"run kind must be 'live' or 'replay', got {kind!r}")
+    exists = conn.execute(sa.select(t.runs.c.run_id).where(t.runs.c.run_id == run_id)).first()
+    if exists:
+        raise ConflictError(f"run {run_id!r} already exists")
+    conn.execute(t.runs.insert().values(run_id=run_id, kind=kind, filter=flt.model_dump(exclude_none=True),
+                                        seed=seed, config=config or {}, description=description,
+                                        created_at=time.time()))
+    return sync_run(conn, run_id) if kind == "replay" else 0
+
+
+def get_run(conn: Connection, run_id: str) -> dict[str, Any]:
+    row = conn.execute(sa.select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()
+    if row is None:
+        raise UnknownParentError(f"run {run_id!r} does not exist")
+    return dict(row)
+
+
+def sync_run(conn: Connection, run_id: str) -> int:
+    """Queue finished executions matching the run's filter that are not queued yet; return how many."""
+    run = get_run(conn, run_id)
+    flt = ExecutionFilter.model_validate(run["filter"])
+    c = t.executions.c
+    q = sa.select(c.execution_id).where(flt.where(), c.status.in_(FINISHED))
+    if run["kind"] == "replay":
+        q = q.order_by(c.execution_id)
+    else:
+        q = q.order_by(c.finished_at, c.execution_id)
+    queued = {r[0] for r in conn.execute(sa.select(t.run_items.c.execution_id).where(t.run_items.c.run_id == run_id))}
+    rows = []
+    now_key = int(time.time() * 1e6)
+    for i, (eid,) in enumerate(conn.execute(q)):
+        if eid in queued:
+            continue
+        key = _order_key(run["seed"], eid) if run["kind"] == "replay" else now_key + i
+        rows.append({"run_id": run_id, "execution_id": eid, "order_key": key, "state": "pending",
+                     "claimed_by": None, "lease_until": None, "attempts": 0, "done_at": None})
+    if rows:
+        dialect = conn.dialect.name
+        ins = (postgresql.insert(t.run_items) if dialect == "postgresql" else sqlite.insert(t.run_items))
+        conn.execute(ins.on_conflict_do_nothing(index_elements=["run_id", "execution_id"]), rows)
+    return len(rows)
+
+
+def claim(conn: Connection, run_id: str, learner_id: str, limit: int, *, lease_s: float = 300.0) -> list[str]:
+    """Claim up to ``limit`` items of ``run_id`` for ``learner_id`` (in run order); return execution ids."""
+    now = time.time()
+    ri = t.run_items.c
+    q = (
+        sa.select(ri.execution_id)
+        .where(ri.run_id == run_id,
+               sa.or_(ri.state == "pending", sa.and_(ri.state == "claimed", ri.lease_until < now)))
+        .order_by(ri.order_key)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update(skip_locked=True)
+    ids = [r[0] for r in conn.execute(q)]
+    if ids:
+        conn.execute(
+            t.run_items.update()
+            .where(ri.run_id == run_id, ri.execution_id.in_(ids))
+            .values(state="claimed", claimed_by=learner_id, lease_until=now + lease_s, attempts=ri.attempts + 1)
+        )
+    return ids
+
+
+def complete(conn: Connection, run_id: str, learner_id: str, execution_ids: list[str]) -> list[str]:
+    """Mark items done if ``learner_id`` still holds them; return the ids it no longer holds (taken over)."""
+    ri = t.run_items.c
+    held_q = sa.select(ri.execution_id).where(
+        ri.run_id == run_id, ri.execution_id.in_(execution_ids), ri.state == "claimed", ri.claimed_by == learner_id
+    )
+    if conn.dialect.name == "postgresql":
+        held_q = held_q.with_for_update()
+    held = {r[0] for r in conn.execute(held_q)}
+    if held:
+        conn.execute(t.run_items.update().where(ri.run_id == run_id, ri.execution_id.in_(sorted(held)))
+                     .values(state="done", done_at=time.time(), lease_until=None))
+    return [e for e in execution_ids if e not in held]
+
+
+def release(conn: Connection, run_id: str, learner_id: str, execution_ids: list[str]) -> None:
+    """Give claimed items back (e.g. a batch failed before training)."""
+    ri = t.run_items.c
+    conn.execute(t.run_items.update()
+                 .where(ri.run_id == run_id, ri.execution_id.in_(execution_ids), ri.claimed_by == learner_id,
+                        ri.state == "claimed")
+                 .values(state="pending", claimed_by=None, lease_until=None))
+
+
+def run_progress(conn: Connection, run_id: str) -> dict[str, int]:
+    """Items per state for ``run_id``."""
+    ri = t.run_items.c
+    rows = conn.execute(sa.select(ri.state, sa.func.count()).where(ri.run_id == run_id).group_by(ri.state))
+    out = {"pending": 0, "claimed": 0, "done": 0}
+    out.update({s: int(n) for s, n in rows})
+    return out
