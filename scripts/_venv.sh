@@ -30,7 +30,8 @@ sapwood_venv() {
 
   # Reinstall when pyproject.toml changed or the editable install points at another checkout.
   stamp="$venv/.sapwood-install"
-  want="$root $extras $(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+  # stamp lines: checkout root, extras, sha256 of pyproject.toml
+  want=$(printf '%s\n%s\n%s' "$root" "$extras" "$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)")
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] ||
     ! "$venv/bin/python" - "$root" <<'PY' 2>/dev/null
 import pathlib, sys

@@ -58,7 +58,7 @@ SCALA_VERSION = "2.13"
 SLF4J_VERSION = "2.0.17"
 KAFKA_JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:ActiveProcessorCount=2"]
 TOOL_JVM_OPTS = ["-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
