@@ -208,6 +208,8 @@ class _Plan:
 
     def check_seq(self, event: Event) -> dict[str, Any] | None:
         """Per-execution order: seq must be exactly last_seq + 1."""
+        if not event.execution_scoped:
+            return None
         if isinstance(event, ExecutionStarted):
             if event.execution_id in self.execs:
                 raise ConflictError(
@@ -236,10 +238,7 @@ class _Plan:
         """Validate ``event`` against the current state and add its effects, or raise."""
         event.validate()
         st = self.check_seq(event)
-        if st is not None:
-            event.check_vocab(st["vocab_size"])
-        elif isinstance(event, ExecutionStarted):
-            pass
+        event.check_vocab(st["vocab_size"] if st is not None else None)
         changes = _Changes()
         handler = _HANDLERS[type(event)]
         handler(self, event, st, changes)
@@ -270,7 +269,7 @@ class _Plan:
         if ch.new_exec is not None:
             self.execs[ch.new_exec["execution_id"]] = ch.new_exec
             self.new_execs.add(ch.new_exec["execution_id"])
-        elif st is not None:
+        elif st is not None and event.execution_scoped:
             for key, delta in ch.exec_delta.items():
                 st[key] = st[key] + delta
             st.update(ch.exec_set)

@@ -20,5 +20,14 @@ class Settings(BaseSettings):
     kafka_bootstrap: str | None = Field(default=None, description="host:port of Kafka; None = in-process")
     kafka_topic: str = Field(default="sapwood.events", description="topic carrying TITO events")
     kafka_dead_letter_topic: str = Field(default="sapwood.dead-letters", description="dead-letter topic")
+    kafka_partitions: int = Field(default=8, description="partitions of the event topic when ingest creates it")
+    max_event_bytes: int = Field(
+        default=1_000_000,
+        description="largest encoded event: recorders split or refuse bigger ones, ingest dead-letters them "
+        "(keep ≤ the topic's max.message.bytes)",
+    )
+    ingest_group: str = Field(default="sapwood-ingest", description="Kafka consumer group of the ingest service")
+    ingest_batch_size: int = Field(default=500, description="records applied per ingest transaction (at most)")
+    metrics_port: int | None = Field(default=None, description="port of the Prometheus /metrics endpoint")
     statement_timeout_ms: int = Field(default=30_000, description="PostgreSQL statement_timeout per session")
     context_cache_nodes: int = Field(default=200_000, description="nodes whose prefix hash state is cached")

@@ -66,7 +66,13 @@ def synthetic_execution(cfg: SynthConfig | None = None, *, run_id: str = "synthe
     head = w.prompt(system, source="system").node_id
     head = w.prompt(task, parent=head, source="task").node_id
     per_segment = max(1, cfg.calls // max(1, cfg.segments))
-    fork_at = {int(cfg.calls * (k + 0.5) / cfg.forks) for k in range(cfg.forks)}
+    summaries = {per_segment * (s + 1) for s in range(cfg.segments - 1)}
+    fork_at: set[int] = set()
+    for k in range(cfg.forks):  # spread fork points over the calls, never on a summary call
+        at = max(1, int(cfg.calls * (k + 0.5) / cfg.forks))
+        while at in summaries or at in fork_at:
+            at += 1
+        fork_at.add(at)
     done = 0
     for segment in range(cfg.segments):
         last_segment = segment == cfg.segments - 1

@@ -53,6 +53,7 @@ class ExecutionWriter:
         execution_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         keep_events: bool = True,
+        validate: bool = False,
     ) -> None:
         self.execution_id = execution_id or new_event_id()
         self.run_id = run_id
@@ -63,8 +64,12 @@ class ExecutionWriter:
         self.vocab_size = vocab_size
         self.metadata = dict(metadata or {})
         self.keep_events = keep_events
+        #: Validate each event before it takes a sequence number (an invalid one then leaves no gap).
+        self.validate = validate
         self.events: list[Event] = []
         self.nodes: dict[str, _WNode] = {}
+        #: parent node (None: context roots) → child node ids, in creation order.
+        self.children: dict[str | None, list[str]] = {}
         self._seq = -1
         self._score_revision = -1
         self._continued: set[str] = set()
@@ -74,9 +79,12 @@ class ExecutionWriter:
     def _next(self, event: Event) -> Event:
         if self.finished and not isinstance(event, PartialScore):
             raise SequenceError(f"execution {self.execution_id} is finished; cannot record {event.kind}")
-        self._seq += 1
         event.execution_id = self.execution_id
-        event.seq = self._seq
+        event.seq = self._seq + 1
+        if self.validate:
+            event.validate()
+            event.check_vocab(self.vocab_size)
+        self._seq += 1
         if self.keep_events:
             self.events.append(event)
         return event
@@ -93,6 +101,7 @@ class ExecutionWriter:
         state.update(pack(tokens))
         seg = segment if segment is not None else (p.segment if p else 0)
         self.nodes[node_id] = _WNode(parent, tokens, (p.end if p else 0) + int(tokens.size), state, role, seg)
+        self.children.setdefault(parent, []).append(node_id)
 
     def context(self, node_id: str) -> TokenArray:
         """Tokens of the context ending at ``node_id``."""
@@ -106,6 +115,26 @@ class ExecutionWriter:
 
     def context_length(self, node_id: str) -> int:
         return self._node(node_id, "context").end
+
+    def longest_prefix_node(self, tokens: TokenArray) -> tuple[str | None, int]:
+        """Deepest node whose whole context is a prefix of ``tokens``: (node id or None, its length).
+
+        Walks down from the context roots, at each level taking the most recent child whose
+        tokens come next in ``tokens``; O(matched tokens).
+        """
+        parent: str | None = None
+        offset = 0
+        while True:
+            found = None
+            for nid in reversed(self.children.get(parent, ())):
+                node_tokens = self.nodes[nid].tokens
+                end = offset + int(node_tokens.size)
+                if end <= tokens.size and np.array_equal(tokens[offset:end], node_tokens):
+                    found = nid, end
+                    break
+            if found is None:
+                return parent, offset
+            parent, offset = found
 
     # -- events ---------------------------------------------------------------------------------------
     def start(self) -> ExecutionStarted:
@@ -183,10 +212,11 @@ class ExecutionWriter:
 
     def score(self, score: float, *, components: dict[str, float] | None = None, scorer: str = "default",
               note: str = "") -> PartialScore:
-        self._score_revision += 1
         ev = PartialScore(score=score, components=dict(components or {}), scorer=scorer,
-                          revision=self._score_revision, note=note)
-        return self._next(ev)  # type: ignore[return-value]
+                          revision=self._score_revision + 1, note=note)
+        self._next(ev)
+        self._score_revision += 1
+        return ev
 
     def finish(self, status: str = "success", reward: float | None = None, *,
                leaf_rewards: dict[str, float] | None = None, message: str = "") -> ExecutionFinished:
