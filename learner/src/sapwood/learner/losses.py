@@ -1,0 +1,304 @@
+"""Policy and value losses: pure functions of tensors and masks.
+
+Every loss returns ``(loss, metrics)``: a scalar tensor to differentiate and a
+dict of floats with namespaced keys (``policy/...``, ``critic/...``).
+
+Shapes: all per-token arguments are [N] — N unique tokens of a ``TreeBatch``
+(``weight`` None) or N token occurrences of a flattened batch (``weight`` =
+1/occurrences, so both give the same loss). ``mask`` selects M, the trainable
+tokens. One function, ``aggregate``, decides how per-token terms become a loss:
+
+* ``"token"`` (default, CompactionRL): ``sum_{i in M} w_i x_i / |M|`` with
+  ``|M| = sum_{i in M} w_i``: every unique trainable token of the batch counts
+  once, however many segments or forks its execution has. Tokens that DIS drops
+  stay in the denominator (dropping must not up-weight the others).
+* ``"segment_mean"`` (ablation baseline): the mean over each segment, then the
+  mean over segments — an execution compacted into 3 segments counts 3 times.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from sapwood.learner.config import LossAggregation
+from sapwood.learner.errors import ConfigError
+
+__all__ = [
+    "aggregate",
+    "dis_policy_loss",
+    "explained_variance",
+    "ppo_clip_policy_loss",
+    "staleness_metrics",
+    "value_loss",
+]
+
+_LOG_RATIO_CAP = 20.0  # |log ratio| cap for metrics and PPO (exp overflow guard)
+
+
+def _weights(mask: Tensor, weight: Tensor | None) -> Tensor:
+    """[N] float weight of each term: ``weight`` (or 1) on masked entries, 0 elsewhere."""
+    w = mask.to(torch.float32) if weight is None else weight.to(torch.float32) * mask.to(torch.float32)
+    return w
+
+
+def aggregate(
+    values: Tensor,
+    mask: Tensor,
+    *,
+    mode: LossAggregation = "token",
+    weight: Tensor | None = None,
+    segment: Tensor | None = None,
+) -> Tensor:
+    """Reduce per-token terms to a scalar loss.
+
+    Args:
+        values: [N] per-token loss terms.
+        mask: [N] bool, the tokens in M.
+        mode: ``"token"`` (|M| normalization) or ``"segment_mean"``.
+        weight: [N] per-occurrence weight (default 1).
+        segment: [N] int64 segment id of each term (any integers); required by ``"segment_mean"``.
+
+    Returns:
+        Scalar tensor (0 when M is empty).
+    """
+    w = _weights(mask, weight).to(values.dtype)
+    contrib = torch.where(w > 0, values * w, torch.zeros_like(values))
+    if mode == "token":
+        return contrib.sum() / w.sum().clamp(min=1e-8)
+    if mode == "segment_mean":
+        if segment is None:
+            raise ConfigError("segment_mean aggregation needs a segment id per token")
+        _, inv = torch.unique(segment, return_inverse=True)
+        k = int(inv.max()) + 1 if inv.numel() else 0
+        num = torch.zeros(k, dtype=values.dtype, device=values.device).index_add(0, inv, contrib)
+        den = torch.zeros(k, dtype=values.dtype, device=values.device).index_add(0, inv, w)
+        has = den > 0
+        if not bool(has.any()):
+            return contrib.sum() * 0.0
+        return (num[has] / den[has]).mean()
+    raise ConfigError(f"unknown loss aggregation {mode!r}; expected 'token' or 'segment_mean'")
+
+
+def _wmean(x: Tensor, w: Tensor) -> float:
+    s = float(w.sum())
+    return float((x * w).sum()) / s if s > 0 else 0.0
+
+
+def _ratio_metrics(log_ratio: Tensor, mask: Tensor, w: Tensor) -> dict[str, float]:
+    lr = log_ratio.detach().clamp(-_LOG_RATIO_CAP, _LOG_RATIO_CAP)
+    ratio = torch.exp(lr)
+    sel = mask.to(torch.bool)
+    if not bool(sel.any()):
+        return {"policy/ratio_mean": 1.0, "policy/ratio_min": 1.0, "policy/ratio_max": 1.0, "policy/approx_kl": 0.0}
+    return {
+        "policy/ratio_mean": _wmean(ratio, w),
+        "policy/ratio_min": float(ratio[sel].min()),
+        "policy/ratio_max": float(ratio[sel].max()),
+        # k3 estimator of KL(rollout || current), non-negative per token.
+        "policy/approx_kl": _wmean(ratio - 1.0 - lr, w),
+    }
+
+
+def dis_policy_loss(
+    logprob: Tensor,
+    rollout_logprob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: Tensor | float,
+    eps_high: Tensor | float,
+    *,
+    weight: Tensor | None = None,
+    mode: LossAggregation = "token",
+    segment: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """DIS policy loss (SAO): ``-f(r) Â`` with ``r = exp(logπ_θ - logπ_rollout)``.
+
+    ``f(x) = x`` if ``1 - eps_low < x < 1 + eps_high`` else 0: outside the window
+    a token contributes zero loss and zero gradient (dropped, not clamped); inside,
+    the surrogate is the exact ratio times the advantage. The window test is done
+    on log-ratios and the ratio of a dropped token is never exponentiated, so
+    extreme ratios cannot produce inf/NaN gradients.
+
+    Args:
+        logprob: [N] log π_θ(token | context), differentiable.
+        rollout_logprob: [N] log π_rollout logged at sampling time.
+        advantages: [N] Â (no gradient).
+        mask: [N] bool, trainable tokens.
+        eps_low: [N] or scalar lower half-width (per token: per task family).
+        eps_high: [N] or scalar upper half-width.
+        weight: [N] per-occurrence weight (flattened batches).
+        mode: loss aggregation (``aggregate``).
+        segment: [N] segment ids for ``"segment_mean"``.
+
+    Returns:
+        ``(loss, metrics)``; metrics ``policy/loss``, ``policy/masked_frac`` (share of
+        M outside the window), ``policy/masked_low_frac``, ``policy/masked_high_frac``,
+        ``policy/ratio_mean|min|max``, ``policy/approx_kl``, ``policy/adv_mean``.
+    """
+    m = mask.to(torch.bool)
+    log_ratio = logprob - rollout_logprob.to(logprob.dtype)
+    el = torch.as_tensor(eps_low, dtype=torch.float64, device=logprob.device)
+    eh = torch.as_tensor(eps_high, dtype=torch.float64, device=logprob.device)
+    lo = torch.where(el < 1.0, torch.log1p(-el.clamp(max=1.0)), -math.inf).to(logprob.dtype)
+    hi = torch.log1p(eh).to(logprob.dtype)
+    below = log_ratio.detach() <= lo
+    above = log_ratio.detach() >= hi
+    inside = m & ~below & ~above
+    ratio = torch.exp(torch.where(inside, log_ratio, torch.zeros_like(log_ratio)))
+    adv = advantages.detach().to(logprob.dtype)
+    per_token = torch.where(inside, -ratio * adv, torch.zeros_like(ratio))
+    loss = aggregate(per_token, m, mode=mode, weight=weight, segment=segment)
+    w = _weights(m, weight)
+    metrics = {
+        "policy/loss": float(loss.detach()),
+        "policy/masked_frac": _wmean((~inside & m).to(torch.float32), w),
+        "policy/masked_low_frac": _wmean((below & m).to(torch.float32), w),
+        "policy/masked_high_frac": _wmean((above & m).to(torch.float32), w),
+        "policy/adv_mean": _wmean(adv.detach().float(), w),
+        **_ratio_metrics(log_ratio, m, w),
+    }
+    return loss, metrics
+
+
+def ppo_clip_policy_loss(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    weight: Tensor | None = None,
+    mode: LossAggregation = "token",
+    segment: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate ``-min(r Â, clip(r, 1-clip_low, 1+clip_high) Â)`` (for comparison).
+
+    Args:
+        logprob: [N] log π_θ, differentiable.
+        old_logprob: [N] log π_old (the rollout log-probs or a recomputation).
+        advantages: [N] Â.
+        mask: [N] bool, trainable tokens.
+        clip_low: lower clip half-width.
+        clip_high: upper clip half-width.
+        weight: [N] per-occurrence weight.
+        mode: loss aggregation.
+        segment: [N] segment ids for ``"segment_mean"``.
+
+    Returns:
+        ``(loss, metrics)``; metrics ``policy/loss``, ``policy/clip_frac``,
+        ``policy/ratio_mean|min|max``, ``policy/approx_kl``, ``policy/adv_mean``.
+    """
+    m = mask.to(torch.bool)
+    log_ratio = (logprob - old_logprob.to(logprob.dtype)).clamp(-_LOG_RATIO_CAP, _LOG_RATIO_CAP)
+    ratio = torch.exp(log_ratio)
+    adv = advantages.detach().to(logprob.dtype)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = aggregate(per_token, m, mode=mode, weight=weight, segment=segment)
+    w = _weights(m, weight)
+    metrics = {
+        "policy/loss": float(loss.detach()),
+        "policy/clip_frac": _wmean((clipped > unclipped).detach().to(torch.float32), w),
+        "policy/adv_mean": _wmean(adv.detach().float(), w),
+        **_ratio_metrics(log_ratio, m, w),
+    }
+    return loss, metrics
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, weight: Tensor | None = None) -> float:
+    """``1 - Var(returns - values) / Var(returns)`` over the masked tokens (weighted).
+
+    Returns NaN when the returns have no variance (no signal either way).
+    """
+    w = _weights(mask, weight).double()
+    s = float(w.sum())
+    if s <= 0:
+        return math.nan
+    r, v = returns.detach().double(), values.detach().double()
+    mean_r = (r * w).sum() / s
+    var_r = float(((r - mean_r) ** 2 * w).sum()) / s
+    if var_r < 1e-12:
+        return math.nan
+    err = r - v
+    mean_e = (err * w).sum() / s
+    var_e = float(((err - mean_e) ** 2 * w).sum()) / s
+    return 1.0 - var_e / var_r
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    weight: Tensor | None = None,
+    mode: LossAggregation = "token",
+    segment: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Token-level clipped value loss ``0.5 max((V - G)^2, (clip(V, V_old ± clip) - G)^2)``.
+
+    Args:
+        values: [N] V_θ, differentiable.
+        old_values: [N] values when the targets were computed.
+        returns: [N] targets G (local λ-returns).
+        mask: [N] bool, tokens whose state values are trained (the trainable tokens).
+        clip: value clip half-width; ``None`` for the plain squared error.
+        weight: [N] per-occurrence weight.
+        mode: loss aggregation.
+        segment: [N] segment ids for ``"segment_mean"``.
+
+    Returns:
+        ``(loss, metrics)``; metrics ``critic/value_loss``, ``critic/clip_frac``,
+        ``critic/explained_var``, ``critic/value_mean``, ``critic/return_mean``.
+    """
+    m = mask.to(torch.bool)
+    g = returns.detach().to(values.dtype)
+    err = (values - g) ** 2
+    if clip is None:
+        per_token = 0.5 * err
+        clipped_more = torch.zeros_like(m)
+    else:
+        old = old_values.detach().to(values.dtype)
+        v_clip = old + (values - old).clamp(-clip, clip)
+        err_clip = (v_clip - g) ** 2
+        per_token = 0.5 * torch.maximum(err, err_clip)
+        clipped_more = (err_clip > err).detach()
+    loss = aggregate(per_token, m, mode=mode, weight=weight, segment=segment)
+    w = _weights(m, weight)
+    metrics = {
+        "critic/value_loss": float(loss.detach()),
+        "critic/clip_frac": _wmean(clipped_more.to(torch.float32), w),
+        "critic/explained_var": explained_variance(values, g, m, weight),
+        "critic/value_mean": _wmean(values.detach().float(), w),
+        "critic/return_mean": _wmean(g.detach().float(), w),
+    }
+    return loss, metrics
+
+
+def staleness_metrics(
+    policy_version: Tensor, mask: Tensor, current_version: int, weight: Tensor | None = None
+) -> dict[str, float]:
+    """Policy lag of the trained tokens: ``current_version - policy_version``.
+
+    Args:
+        policy_version: [N] int64 version that generated each token.
+        mask: [N] bool, trainable tokens.
+        current_version: version of the weights being updated.
+        weight: [N] per-occurrence weight.
+
+    Returns:
+        ``policy/staleness_mean`` and ``policy/staleness_max`` (0 when M is empty).
+    """
+    m = mask.to(torch.bool)
+    lag = (current_version - policy_version).to(torch.float32)
+    w = _weights(m, weight)
+    return {
+        "policy/staleness_mean": _wmean(lag, w),
+        "policy/staleness_max": float(lag[m].max()) if bool(m.any()) else 0.0,
+    }

@@ -1,0 +1,231 @@
+"""Losses: DIS hard mask, per-task windows, PPO clip, value clipping, |M| normalization, forks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder, flatten
+from sapwood.learner.config import DISWindow, PolicyLossConfig
+from sapwood.learner.errors import ConfigError
+from sapwood.learner.losses import (
+    aggregate,
+    dis_policy_loss,
+    explained_variance,
+    ppo_clip_policy_loss,
+    staleness_metrics,
+    value_loss,
+)
+from sapwood.learner.trainer import token_windows
+
+
+def leaf_grad(fn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    x = x.clone().requires_grad_(True)
+    loss, metrics = fn(x)
+    loss.backward()
+    assert x.grad is not None
+    return loss.detach(), x.grad, metrics
+
+
+# -------------------------------------------------------------------------- DIS
+def test_dis_drops_tokens_outside_the_window_with_zero_loss_and_gradient() -> None:
+    ratios = torch.tensor([0.5, 0.8, 1.5, 5.9, 7.0, 0.69, 6.01, math.exp(80.0)], dtype=torch.float64)
+    logprob = torch.log(ratios) - 1.0
+    rollout = torch.full_like(logprob, -1.0)
+    adv = torch.tensor([1.0, -2.0, 0.5, 1.0, 3.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    mask = torch.ones(8, dtype=torch.bool)
+    loss, grad, metrics = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 0.3, 5.0), logprob)
+    inside = torch.tensor([False, True, True, True, False, False, False, False])  # 1-0.3 < r < 1+5
+    expected = -(ratios * adv)[inside].sum() / 8  # dropped tokens stay in |M|
+    assert torch.allclose(loss, expected)
+    assert torch.allclose(grad[inside], -(ratios * adv)[inside] / 8)  # d(ratio)/d(logprob) = ratio: exact
+    assert torch.equal(grad[~inside], torch.zeros(int((~inside).sum()), dtype=torch.float64))
+    assert torch.isfinite(grad).all()
+    assert metrics["policy/masked_frac"] == pytest.approx(5 / 8)
+    assert metrics["policy/masked_low_frac"] == pytest.approx(2 / 8)
+    assert metrics["policy/masked_high_frac"] == pytest.approx(3 / 8)
+
+
+def test_dis_inside_the_window_is_the_exact_ratio_not_a_clamp() -> None:
+    """PPO would clamp r=3.0 to 1.2 for a positive advantage; DIS keeps 3.0."""
+    logprob = torch.log(torch.tensor([3.0], dtype=torch.float64))
+    rollout = torch.zeros(1, dtype=torch.float64)
+    adv = torch.ones(1, dtype=torch.float64)
+    mask = torch.ones(1, dtype=torch.bool)
+    dis, g_dis, _ = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 0.3, 5.0), logprob)
+    ppo, g_ppo, m = leaf_grad(lambda lp: ppo_clip_policy_loss(lp, rollout, adv, mask), logprob)
+    assert dis.item() == pytest.approx(-3.0) and g_dis.item() == pytest.approx(-3.0)
+    assert ppo.item() == pytest.approx(-1.2) and g_ppo.item() == 0.0 and m["policy/clip_frac"] == 1.0
+
+
+def test_dis_windows_are_per_task_family() -> None:
+    b = TreeBatchBuilder()
+    for fam in ("math", "swe", "other"):
+        e = b.add_execution(f"e-{fam}", fam)
+        p = b.add_run(e, -1, [1], PROMPT)
+        b.add_run(e, p, [2, 3], ACTION, logprobs=[-1.0, -1.0], reward=1.0)
+    batch = b.build()
+    batch.validate()
+    cfg = PolicyLossConfig(dis_default_window=DISWindow(0.1, 0.1))
+    eps_low, eps_high = token_windows(batch, cfg)
+    assert eps_low.tolist() == pytest.approx([0.3] * 3 + [0.8] * 3 + [0.1] * 3)
+    assert eps_high.tolist() == pytest.approx([5.0] * 3 + [3.0] * 3 + [0.1] * 3)
+    # Ratios 0.5 then 4.5 in every execution.
+    ratios = torch.tensor([1.0, 0.5, 4.5] * 3)
+    logprob = torch.log(ratios) + batch.rollout_logprob
+    adv = torch.ones(9)
+    _, grad, _ = leaf_grad(
+        lambda lp: dis_policy_loss(lp, batch.rollout_logprob, adv, batch.trainable, eps_low, eps_high), logprob
+    )
+    kept = grad != 0
+    # math keeps 4.5 not 0.5; swe keeps 0.5 not 4.5; the narrow default keeps neither.
+    assert kept.tolist() == [False, False, True, False, True, False, False, False, False]
+
+
+def test_default_windows_match_the_seeds() -> None:
+    cfg = PolicyLossConfig()
+    assert cfg.window("math") == DISWindow(0.3, 5.0)
+    assert cfg.window("swe") == DISWindow(0.8, 3.0)
+    assert cfg.window("terminal") == DISWindow(0.3, 5.0)
+    with pytest.raises(ConfigError):
+        DISWindow(0.0, 1.0)
+
+
+# -------------------------------------------------------------------------- PPO
+def test_ppo_clip_matches_the_textbook_formula() -> None:
+    g = torch.Generator().manual_seed(0)
+    logprob, old = torch.randn(20, generator=g, dtype=torch.float64), torch.randn(20, generator=g, dtype=torch.float64)
+    adv = torch.randn(20, generator=g, dtype=torch.float64)
+    mask = torch.rand(20, generator=g) < 0.8
+    loss, _ = ppo_clip_policy_loss(logprob, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    r = torch.exp(logprob - old)
+    per = -torch.minimum(r * adv, r.clamp(0.8, 1.28) * adv)
+    assert torch.allclose(loss, per[mask].mean())
+
+
+# ------------------------------------------------------------------------ value
+def test_value_loss_clipping_and_metrics() -> None:
+    old = torch.tensor([0.0, 0.0, 0.0], dtype=torch.float64)
+    ret = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
+    values = torch.tensor([0.5, -0.5, 0.1], dtype=torch.float64)
+    mask = torch.ones(3, dtype=torch.bool)
+    loss, grad, m = leaf_grad(lambda v: value_loss(v, old, ret, mask, clip=0.2), values)
+    # token 0: unclipped (0.25) < clipped (0.64): clipped side wins, no gradient.
+    # token 1: unclipped (2.25) > clipped (1.44): plain squared error.
+    # token 2: unclipped (1.21) == clipped (1.21): same.
+    per = torch.tensor([0.5 * 0.64, 0.5 * 2.25, 0.5 * 1.21], dtype=torch.float64)
+    assert torch.allclose(loss, per.mean())
+    assert grad[0].item() == 0.0
+    assert grad[1].item() == pytest.approx((-0.5 - 1.0) / 3)
+    assert m["critic/clip_frac"] == pytest.approx(1 / 3)
+    plain, _ = value_loss(values, old, ret, mask, clip=None)
+    assert torch.allclose(plain, (0.5 * (values - ret) ** 2).mean())
+
+
+def test_explained_variance() -> None:
+    ret = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    mask = torch.ones(4, dtype=torch.bool)
+    assert explained_variance(ret, ret, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.zeros(4) + 2.5, ret, mask) == pytest.approx(0.0)
+    assert math.isnan(explained_variance(torch.zeros(4), torch.ones(4), mask))
+
+
+def test_staleness_metrics() -> None:
+    version = torch.tensor([-1, 3, 5, 5])
+    mask = torch.tensor([False, True, True, True])
+    m = staleness_metrics(version, mask, current_version=6)
+    assert m["policy/staleness_mean"] == pytest.approx((3 + 1 + 1) / 3)
+    assert m["policy/staleness_max"] == 3.0
+
+
+# ------------------------------------------------------------------ aggregation
+def two_executions(x_segments: int) -> TreeBatch:
+    """Execution X: the same 9 trainable tokens in 1 or 3 segments; execution Y: 3 tokens."""
+    b = TreeBatchBuilder()
+    x = b.add_execution("x", "swe")
+    pieces = [[(ACTION, 2), (SUMMARY, 1)]] * 3
+    node = b.add_run(x, -1, [1], PROMPT)
+    for k, piece in enumerate(pieces):
+        if k and x_segments == 3:
+            node = b.add_run(x, -1, [1], PROMPT, segment_parent=node)
+        for role, n in piece:
+            node = b.add_run(x, node, [2] * n, role, logprobs=[-1.0] * n)
+    b._cols["leaf_reward"][node] = 1.0
+    y = b.add_execution("y", "swe")
+    p = b.add_run(y, -1, [1], PROMPT)
+    b.add_run(y, p, [3, 3, 3], ACTION, logprobs=[-1.0] * 3, reward=0.0)
+    batch = b.build()
+    batch.validate()
+    return batch
+
+
+def execution_weight(batch: TreeBatch, mode: str) -> float:
+    """Total loss weight of execution X's tokens: d loss / d term, summed over X."""
+    terms = torch.zeros(batch.num_tokens, requires_grad=True)
+    loss = aggregate(terms, batch.trainable, mode=mode, segment=batch.segment_start())  # type: ignore[arg-type]
+    loss.backward()
+    assert terms.grad is not None
+    return float(terms.grad[batch.execution == 0].sum())
+
+
+def test_splitting_into_more_segments_does_not_change_an_executions_weight() -> None:
+    one, three = two_executions(1), two_executions(3)
+    assert int(three.segment_start().unique().numel()) == 4
+    assert execution_weight(one, "token") == pytest.approx(9 / 12)
+    assert execution_weight(three, "token") == pytest.approx(9 / 12)
+    # The segment_mean ablation baseline is what |M| normalization fixes.
+    assert execution_weight(one, "segment_mean") == pytest.approx(1 / 2)
+    assert execution_weight(three, "segment_mean") == pytest.approx(3 / 4)
+
+
+def test_aggregate_rejects_unknown_modes() -> None:
+    with pytest.raises(ConfigError, match="segment id"):
+        aggregate(torch.ones(2), torch.ones(2, dtype=torch.bool), mode="segment_mean")
+    with pytest.raises(ConfigError, match="unknown loss aggregation"):
+        aggregate(torch.ones(2), torch.ones(2, dtype=torch.bool), mode="sample")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------ forks
+def forked(n_branches: int) -> TreeBatch:
+    b = TreeBatchBuilder()
+    e = b.add_execution("fork", "math")
+    p = b.add_run(e, -1, [1, 2], PROMPT)
+    a = b.add_run(e, p, [3, 4, 5], ACTION, logprobs=[-0.5] * 3)
+    o = b.add_run(e, a, [6], OBSERVATION)
+    for k in range(n_branches):
+        b.add_run(e, o, [7 + k, 7], ACTION, logprobs=[-0.5] * 2, reward=1.0)
+    batch = b.build()
+    batch.validate()
+    return batch
+
+
+def test_shared_tokens_count_once_in_the_loss() -> None:
+    """A 10-way fork: the prefix's 3 tokens are in M once, with the same coefficient as any token."""
+    batch = forked(10)
+    n_m = int(batch.trainable.sum())
+    assert n_m == 3 + 10 * 2
+    adv = torch.ones(batch.num_tokens)
+    logprob = batch.rollout_logprob.clone()  # ratio 1 everywhere: inside the window
+    _, grad, _ = leaf_grad(
+        lambda lp: dis_policy_loss(lp, batch.rollout_logprob, adv, batch.trainable, 0.3, 5.0), logprob
+    )
+    assert torch.allclose(grad[batch.trainable], torch.full((n_m,), -1.0 / n_m))
+    # The flattened computation with per-occurrence weights agrees; without them the prefix weighs 10x.
+    flat = flatten(batch)
+    assert flat.num_sequences == 10
+    idx, w = flat.cat_index(), flat.cat_weight()
+
+    def flat_grad(weight: torch.Tensor | None) -> torch.Tensor:
+        lp = logprob.clone().requires_grad_(True)
+        loss, _ = dis_policy_loss(
+            lp[idx], batch.rollout_logprob[idx], adv[idx], batch.trainable[idx], 0.3, 5.0, weight=weight
+        )
+        loss.backward()
+        assert lp.grad is not None
+        return lp.grad
+
+    assert torch.allclose(flat_grad(w), grad)
+    naive = flat_grad(None)
+    assert naive[2].item() == pytest.approx(10 * naive[-1].item())
