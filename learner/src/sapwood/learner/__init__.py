@@ -1,1 +1,94 @@
-"""sapwood.learner"""
+"""sapwood.learner — CompactionRL + SAO learner on trajectory trees.
+
+Public surface (re-exported here):
+
+* ``batch``: ``TreeBatch`` (the learner's input), roles, ``flatten``, ``tree_attention_mask``,
+  ``TreeBatchBuilder``, ``random_tree_batch``;
+* ``advantages``: ``tree_gae`` (Skip-Observation + cross-trajectory + fork-averaged GAE) and its
+  special cases ``token_gae``, ``skip_observation_gae``, ``cross_trajectory_gae``;
+* ``losses``: ``dis_policy_loss``, ``ppo_clip_policy_loss``, ``value_loss``, ``aggregate``;
+* ``model``: ``PolicyBackend`` (the backend interface), ``TorchBackend``, ``TinyActorCritic``;
+* ``trainer``: ``SAOTrainer`` (warm-up, catch-up, joint DIS + value step);
+* ``config``: ``LearnerConfig`` and its parts; ``errors``: the exception tree.
+
+Importing ``sapwood.learner`` needs torch (the ``learner`` extra).
+"""
+
+from sapwood.learner.advantages import (
+    GAEResult,
+    batch_gae,
+    cross_trajectory_gae,
+    skip_observation_gae,
+    token_gae,
+    tree_gae,
+)
+from sapwood.learner.batch import (
+    ACTION,
+    OBSERVATION,
+    PROMPT,
+    SUMMARY,
+    FlatBatch,
+    TreeBatch,
+    TreeBatchBuilder,
+    flatten,
+    random_tree_batch,
+    tree_attention_mask,
+)
+from sapwood.learner.config import (
+    AdvantageConfig,
+    CriticConfig,
+    DISWindow,
+    LearnerConfig,
+    OptimConfig,
+    PolicyLossConfig,
+)
+from sapwood.learner.errors import BatchValidationError, ConfigError, LearnerError
+from sapwood.learner.losses import aggregate, dis_policy_loss, ppo_clip_policy_loss, value_loss
+from sapwood.learner.model import (
+    ForwardOutput,
+    PolicyBackend,
+    TinyActorCritic,
+    TinyTransformerConfig,
+    TorchBackend,
+)
+from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
+
+__all__ = [
+    "ACTION",
+    "OBSERVATION",
+    "PROMPT",
+    "SUMMARY",
+    "AdvantageConfig",
+    "BatchValidationError",
+    "ConfigError",
+    "CriticConfig",
+    "DISWindow",
+    "FlatBatch",
+    "ForwardOutput",
+    "GAEResult",
+    "LearnerConfig",
+    "LearnerError",
+    "LossTargets",
+    "OptimConfig",
+    "PolicyBackend",
+    "PolicyLossConfig",
+    "SAOTrainer",
+    "TinyActorCritic",
+    "TinyTransformerConfig",
+    "TorchBackend",
+    "TreeBatch",
+    "TreeBatchBuilder",
+    "aggregate",
+    "batch_gae",
+    "compute_losses",
+    "cross_trajectory_gae",
+    "dis_policy_loss",
+    "flatten",
+    "ppo_clip_policy_loss",
+    "random_tree_batch",
+    "skip_observation_gae",
+    "token_gae",
+    "tree_attention_mask",
+    "tree_gae",
+    "value_loss",
+]
