@@ -152,7 +152,7 @@ def two_executions(x_segments: int) -> TreeBatch:
             node = b.add_run(x, -1, [1], PROMPT, segment_parent=node)
         for role, n in piece:
             node = b.add_run(x, node, [2] * n, role, logprobs=[-1.0] * n)
-    b._cols["leaf_reward"][node] = 1.0
+    b.set_reward(node, 1.0)
     y = b.add_execution("y", "swe")
     p = b.add_run(y, -1, [1], PROMPT)
     b.add_run(y, p, [3, 3, 3], ACTION, logprobs=[-1.0] * 3, reward=0.0)

@@ -43,7 +43,7 @@ def grads(model: TinyActorCritic) -> list[torch.Tensor]:
     return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize(("kind", "aggregation"), [("dis", "token"), ("dis", "segment_mean"), ("ppo", "token")])
 def test_tree_packed_equals_flattened_losses_and_gradients(seed: int, kind: str, aggregation: str) -> None:
     model = tiny(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sapwood.learner.batch import random_tree_batch
+from sapwood.learner.batch import PROMPT, TreeBatchBuilder, random_tree_batch
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig, PolicyLossConfig
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
@@ -17,7 +17,7 @@ VOCAB = 32
 def make_trainer(config: LearnerConfig, seed: int = 0) -> tuple[SAOTrainer, TinyActorCritic]:
     torch.manual_seed(seed)
     model = TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=1, d_ff=64))
-    backend = TorchBackend(model, config.optim, critic_grad_clip=config.critic.grad_clip)
+    backend = TorchBackend.from_config(model, config)
     return SAOTrainer(backend, config), model
 
 
@@ -108,6 +108,24 @@ def test_other_objectives_run(kind: str, aggregation: str) -> None:
     trainer, _ = make_trainer(cfg)
     m = trainer.train_step(random_tree_batch(7, vocab_size=VOCAB))
     assert trainer.backend.policy_version == 1 and "policy/loss" in m
+
+
+def test_ppo_with_recomputed_old_logprobs_starts_at_ratio_one() -> None:
+    cfg = LearnerConfig(
+        policy=PolicyLossConfig(kind="ppo", ppo_old_logprob="recompute"), critic=CriticConfig(warmup_steps=0)
+    )
+    trainer, _ = make_trainer(cfg)
+    m = trainer.train_step(random_tree_batch(10, vocab_size=VOCAB))
+    assert m["policy/ratio_mean"] == pytest.approx(1.0) and m["policy/clip_frac"] == 0.0
+
+
+def test_a_batch_without_trainable_tokens_is_skipped() -> None:
+    b = TreeBatchBuilder()
+    e = b.add_execution("prompt-only", "math")
+    b.add_run(e, -1, [1, 2], PROMPT, reward=0.0)
+    trainer, _ = make_trainer(LearnerConfig(critic=CriticConfig(warmup_steps=0)))
+    m = trainer.train_step(b.build())
+    assert m["train/skipped_empty"] == 1.0 and trainer.backend.policy_version == 0
 
 
 def test_jmax_is_enforced() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 
 __all__ = [
@@ -220,8 +219,3 @@ def full_tree_gae_loop(
                 a += prob * (tree.reward[c] - tree.v[t])
         adv[t] = a
     return adv
-
-
-def as_tensor(x: Sequence[float]) -> Tensor:
-    """float64 tensor of a list (test helper)."""
-    return torch.tensor(list(x), dtype=torch.float64)

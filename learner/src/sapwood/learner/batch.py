@@ -78,12 +78,14 @@ def tree_attention_mask(parent: Tensor) -> Tensor:
     return ancestor_mask(parent)
 
 
-@dataclass
+@dataclass(eq=False)
 class TreeBatch:
     """A batch of executions packed as one forest of unique tokens.
 
     Per-token tensors are 1-D of length ``T`` (the number of unique tokens);
-    per-execution lists have length ``E``.
+    per-execution lists have length ``E``. Derived structure (logical parents,
+    leaves, segments, the attention mask) is cached on first use, so do not
+    change ``parent``, ``segment_parent`` or ``tokens`` in place afterwards.
     """
 
     tokens: Tensor
@@ -399,6 +401,10 @@ class TreeBatchBuilder:
         c["leaf_reward"].extend([math.nan] * (n - 1) + [math.nan if reward is None else float(reward)])
         return start + n - 1
 
+    def set_reward(self, index: int, reward: float) -> None:
+        """Set the leaf reward of token ``index`` (e.g. a trajectory that ends on an existing run)."""
+        self._cols["leaf_reward"][index] = float(reward)
+
     def build(self) -> TreeBatch:
         """Materialize the tensors (does not validate; call ``validate()``)."""
         c = self._cols
@@ -554,7 +560,7 @@ class _RandomExecution:
             elif rng.random() < 0.3:  # trajectory ends on a trailing observation
                 self.run(node, OBSERVATION, 1, 2, reward=round(rng.random(), 3))
             else:
-                self.b._cols["leaf_reward"][node] = round(rng.random(), 3)
+                self.b.set_reward(node, round(rng.random(), 3))
             return
         for _ in range(self.n_children()):  # several tool outcomes
             obs = self.run(node, OBSERVATION, 1, 3)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sapwood.learner.batch import FlatBatch, TreeBatch
-from sapwood.learner.config import OptimConfig
+from sapwood.learner.config import LearnerConfig, OptimConfig
 from sapwood.learner.errors import ConfigError
 
 __all__ = [
@@ -278,6 +278,11 @@ class TorchBackend(PolicyBackend):
         )
         self.critic_grad_clip = critic_grad_clip
         self._version = policy_version
+
+    @classmethod
+    def from_config(cls, model: TinyActorCritic, config: LearnerConfig, *, policy_version: int = 0) -> TorchBackend:
+        """Backend with the optimizers of ``config.optim`` and the critic clip of ``config.critic``."""
+        return cls(model, config.optim, critic_grad_clip=config.critic.grad_clip, policy_version=policy_version)
 
     @property
     def policy_version(self) -> int:

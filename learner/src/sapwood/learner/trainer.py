@@ -10,6 +10,7 @@ Flow of ``SAOTrainer.train_step``:
    through ``warmup_critic`` counts too) update the critic only;
 5. otherwise one joint step: policy loss (DIS by default) + value loss, each
    parameter group gradient-clipped and stepped by its own optimizer;
+   (a batch without trainable tokens is validated and skipped: no step, no new version);
 6. catch-up: while the value loss lags (above ``catchup_loss_ratio`` × its running
    average, or explained variance below ``catchup_min_explained_var``), up to
    ``catchup_max_steps`` extra critic-only steps on the same batch.
@@ -218,6 +219,10 @@ class SAOTrainer:
         """One SAO step on ``batch``; returns namespaced metrics."""
         cfg = self.config
         version = self.backend.policy_version
+        if not bool(batch.trainable.any()):
+            batch.validate(jmax=cfg.jmax)
+            self.steps += 1
+            return {"train/skipped_empty": 1.0, "train/unique_tokens": float(batch.num_tokens)}
         targets, gae = self.prepare(batch)
         warmup = self.critic_warmup_done < cfg.critic.warmup_steps
         if warmup:
