@@ -1,0 +1,45 @@
+"""API settings: the platform's :class:`Settings` plus the HTTP server's limits (env prefix ``SAPWOOD_``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+
+from sapwood.platform.settings import Settings
+
+
+class ApiSettings(Settings):
+    """Configuration of ``sapwood serve``; every limit can be set from the environment."""
+
+    api_host: str = Field(default="127.0.0.1", description="interface the server binds")
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    api_workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
+    api_cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="origins allowed by CORS, comma-separated; empty (default) = no cross-origin access",
+    )
+    api_max_body_bytes: int = Field(default=1 << 20, ge=1, description="larger request bodies get 413")
+    api_max_page_size: int = Field(default=1000, ge=1, le=10_000, description="largest `limit` of a list page")
+    api_tree_max_nodes: int = Field(default=20_000, ge=1, description="most nodes one tree response may hold")
+    api_max_token_page: int = Field(default=65_536, ge=1, description="most tokens one trajectory/node page holds")
+    api_max_export_executions: int = Field(default=100_000, ge=1, description="most executions one export reads")
+    api_cache_bytes: int = Field(default=256 << 20, ge=0, description="bytes of immutable responses kept per worker")
+    api_key_cache_s: float = Field(
+        default=5.0, ge=0, description="seconds a looked-up API key is reused (revocation delay across workers)"
+    )
+    api_docs: bool = Field(default=True, description="serve /docs and /openapi.json without a key")
+    api_lag_timeout_s: float = Field(default=3.0, gt=0, description="Kafka timeout when measuring ingest lag")
+    api_migrate: bool = Field(default=False, description="run migrations when the app starts (serve does it once)")
+    tokenizer: str = Field(
+        default="none",
+        description='"none", "char" (token id = Unicode code point) or a dotted path "pkg.mod:factory"',
+    )
+
+    @field_validator("api_cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [o.strip() for o in value.split(",") if o.strip()]
+        return value

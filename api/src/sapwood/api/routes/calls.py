@@ -1,0 +1,65 @@
+"""Audit of model calls: which exact context produced which output."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from sapwood.api.deps import ReadKey, ServicesDep
+from sapwood.api.queries import audit as q
+from sapwood.api.routes import AUTH_ERRORS, NOT_FOUND, cached_json, dump
+from sapwood.api.schemas import AuditOut
+
+router = APIRouter(prefix="/v1/calls", tags=["audit"], responses=AUTH_ERRORS)
+
+
+@router.get("/{call_id}/audit", response_model=AuditOut, responses={**NOT_FOUND})
+def audit_call(
+    call_id: uuid.UUID,
+    request: Request,
+    services: ServicesDep,
+    _key: ReadKey,
+    tokens: Annotated[bool, Query(description="include input/output token ids and log-probs")] = True,
+    text: Annotated[bool, Query(description="include decoded text (when SAPWOOD_TOKENIZER is set)")] = True,
+) -> Response:
+    """The exact input of a model call, rebuilt from the tree and verified against the digest the producer
+    recorded (BLAKE2b-128 over packed int32), with its policy version, engine, sampling params, timings,
+    output tokens and rollout log-probs. ``verified`` is false if the rebuilt input differs in length or digest.
+
+    Calls and spans are immutable, so audits are cached per worker (``X-Sapwood-Cache``) and carry an ETag.
+    """
+    cid = str(call_id)
+
+    def build() -> bytes:
+        with services.read() as conn:
+            return dump(AuditOut, q.audit(conn, cid, tokenizer=services.tokenizer, tokens=tokens, text=text))
+
+    return cached_json(request, services, ("audit", cid, tokens, text), build)
+
+
+@router.get(
+    "/{call_id}/input.bin",
+    response_class=Response,
+    responses={**NOT_FOUND, 200: {"description": "packed little-endian int32 token ids of the exact input",
+                                  "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                                      "format": "binary"}}}}},
+)
+def call_input_binary(call_id: uuid.UUID, services: ServicesDep, _key: ReadKey) -> Response:
+    """The exact input as packed little-endian int32 (4 bytes per token), with the verification in headers:
+    ``X-Sapwood-Recorded-Digest``, ``X-Sapwood-Computed-Digest``, ``X-Sapwood-Verified``."""
+    cid = str(call_id)
+    key = ("input.bin", cid)
+    hit = services.cache.get(key)
+    if hit is None:
+        with services.read() as conn:
+            rebuilt = q.rebuild_input(conn, q.call_row(conn, cid))
+        hit = (rebuilt.token_ids.tobytes(), {
+            "X-Sapwood-Recorded-Digest": rebuilt.recorded_digest,
+            "X-Sapwood-Computed-Digest": rebuilt.computed_digest,
+            "X-Sapwood-Verified": "true" if rebuilt.verified else "false",
+            "X-Sapwood-Token-Count": str(rebuilt.token_ids.size),
+        })
+        services.cache.put(key, hit)
+    return Response(hit[0], media_type="application/octet-stream", headers=hit[1])

@@ -1,0 +1,50 @@
+"""Runs: training runs (replay/live queues) and the run ids executions were recorded under."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+
+from sapwood.api.deps import CursorQuery, LimitDep, ReadKey, ServicesDep, WriteKey
+from sapwood.api.queries import executions as q
+from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND
+from sapwood.api.schemas import NO_NUL, RunCreate, RunCreated, RunItemsPage, RunOut, RunPage
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=AUTH_ERRORS)
+RunIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
+
+
+@router.get("", response_model=RunPage)
+def list_runs(services: ServicesDep, _key: ReadKey, limit: LimitDep, cursor: CursorQuery = None) -> dict[str, Any]:
+    """Training runs and rollout run ids, ordered by run id, with queue progress and executions by status."""
+    with services.read() as conn:
+        return q.list_runs(conn, limit=limit, cursor=cursor)
+
+
+@router.post("", response_model=RunCreated, status_code=201, responses={**CONFLICT})
+def create_run(body: RunCreate, services: ServicesDep, _key: WriteKey) -> dict[str, Any]:
+    """Create a training run from historical executions.
+
+    A ``replay`` run snapshots the *finished* executions matching ``filter`` now, in an order fixed
+    by ``seed``: the same filter and seed over the same history give the same executions in the
+    same order. Learners then claim them (with their recorded rollout log-probs) through the run's queue.
+    """
+    with services.write() as conn:
+        return q.create_run(conn, run_id=body.run_id, kind=body.kind, flt=body.filter, seed=body.seed,
+                            description=body.description, config=body.config)
+
+
+@router.get("/{run_id}", response_model=RunOut, responses={**NOT_FOUND})
+def get_run(run_id: RunIdPath, services: ServicesDep, _key: ReadKey) -> dict[str, Any]:
+    """One run: its filter, seed, queue progress (pending/claimed/done) and recorded executions."""
+    with services.read() as conn:
+        return q.get_run(conn, run_id)
+
+
+@router.get("/{run_id}/items", response_model=RunItemsPage, responses={**NOT_FOUND})
+def run_items(run_id: RunIdPath, services: ServicesDep, _key: ReadKey, limit: LimitDep,
+              cursor: CursorQuery = None) -> dict[str, Any]:
+    """A training run's queue in claim order, with each item's state."""
+    with services.read() as conn:
+        return q.run_items(conn, run_id, limit=limit, cursor=cursor)

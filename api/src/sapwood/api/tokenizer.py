@@ -1,0 +1,78 @@
+"""Pluggable decoding of token ids into text for audits.
+
+``SAPWOOD_TOKENIZER`` selects it: ``"none"`` (default, no text), ``"char"`` (the built-in
+char-level vocabulary: token id = Unicode code point), or a dotted path to a zero-argument
+factory, ``"package.module:factory"`` (``"package.module.factory"`` works too), returning any
+object with ``decode(ids) -> str`` — e.g. a wrapper around a Hugging Face tokenizer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from sapwood.platform.errors import ValidationError
+
+REPLACEMENT = "\ufffd"
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Anything that turns token ids back into text."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; ids outside the vocabulary decode to U+FFFD, never raise."""
+        ...
+
+
+class CharTokenizer:
+    """Char-level vocabulary: id ``i`` is ``alphabet[i]``, or code point ``i`` when no alphabet is given."""
+
+    def __init__(self, alphabet: str | None = None) -> None:
+        self.alphabet = alphabet
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.alphabet is not None:
+            a, n = self.alphabet, len(self.alphabet)
+            return "".join(a[i] if 0 <= i < n else REPLACEMENT for i in ids)
+        return "".join(chr(i) if 0 <= i < 0x110000 and not 0xD800 <= i < 0xE000 else REPLACEMENT for i in ids)
+
+    def encode(self, text: str) -> list[int]:
+        if self.alphabet is None:
+            return [ord(c) for c in text]
+        index = {c: i for i, c in enumerate(self.alphabet)}
+        missing = sorted({c for c in text if c not in index})
+        if missing:
+            raise ValidationError(f"characters {missing!r} are not in the tokenizer's alphabet")
+        return [index[c] for c in text]
+
+
+def char_tokenizer() -> CharTokenizer:
+    """Factory of the built-in char-level tokenizer (``SAPWOOD_TOKENIZER=char``)."""
+    return CharTokenizer()
+
+
+def load_tokenizer(spec: str) -> Tokenizer | None:
+    """Tokenizer named by ``spec`` (see the module docstring); None for ``"none"``."""
+    spec = spec.strip()
+    if spec.lower() in ("", "none"):
+        return None
+    if spec.lower() == "char":
+        return char_tokenizer()
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise ValidationError(f'SAPWOOD_TOKENIZER={spec!r}: expected "none", "char" or "package.module:factory"')
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValidationError(f"SAPWOOD_TOKENIZER={spec!r}: cannot import it ({exc})") from exc
+    try:
+        tokenizer = factory() if callable(factory) else factory
+    except Exception as exc:
+        raise ValidationError(f"SAPWOOD_TOKENIZER={spec!r}: the factory failed ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(tokenizer, Tokenizer):
+        raise ValidationError(f"SAPWOOD_TOKENIZER={spec!r} gave {type(tokenizer).__name__}, which has no decode(ids)")
+    return tokenizer
