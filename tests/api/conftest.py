@@ -1,0 +1,35 @@
+"""Fixtures of the API tests: a PostgreSQL store loaded with small synthetic executions, keys, a client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from api.api_helpers import Keys, TestClient, load_executions, make_client, make_keys
+from sapwood.platform.store import Store
+from sapwood.platform.writer import ExecutionWriter
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Iterator[Store]:
+    store = Store.open(pg_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def writers(pg_store: Store) -> list[ExecutionWriter]:
+    """Four small executions with forks and compaction segments (two timed out, with partial scores)."""
+    return load_executions(pg_store, 4)
+
+
+@pytest.fixture
+def keys(pg_store: Store) -> Keys:
+    return make_keys(pg_store)
+
+
+@pytest.fixture
+def client(pg_store: Store) -> Iterator[TestClient]:
+    with make_client(pg_store) as c:
+        yield c
