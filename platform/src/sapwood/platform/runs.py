@@ -144,13 +144,20 @@ def claim(conn: Connection, run_id: str, learner_id: str, limit: int, *, lease_s
     if conn.dialect.name == "postgresql":
         q = q.with_for_update(skip_locked=True)
     ids = [r[0] for r in conn.execute(q)]
-    if ids:
-        conn.execute(
-            t.run_items.update()
-            .where(ri.run_id == run_id, ri.execution_id.in_(ids))
-            .values(state="claimed", claimed_by=learner_id, lease_until=now + lease_s, attempts=ri.attempts + 1)
-        )
-    return ids
+    if not ids:
+        return []
+    # The UPDATE re-checks availability, so a concurrent claimer (SQLite has no SKIP LOCKED)
+    # cannot take the same item: only rows still available get this learner's stamp.
+    stamp = now + lease_s
+    available = sa.or_(ri.state == "pending", sa.and_(ri.state == "claimed", ri.lease_until < now))
+    conn.execute(
+        t.run_items.update()
+        .where(ri.run_id == run_id, ri.execution_id.in_(ids), available)
+        .values(state="claimed", claimed_by=learner_id, lease_until=stamp, attempts=ri.attempts + 1)
+    )
+    got = {r[0] for r in conn.execute(sa.select(ri.execution_id).where(
+        ri.run_id == run_id, ri.execution_id.in_(ids), ri.claimed_by == learner_id, ri.lease_until == stamp))}
+    return [e for e in ids if e in got]
 
 
 def complete(conn: Connection, run_id: str, learner_id: str, execution_ids: list[str]) -> list[str]:

@@ -1,0 +1,79 @@
+"""``sapwood learn``: run a learner against a store (embedded SQLite or PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("learn")(learn)
+
+
+def learn(
+    run: Annotated[str, typer.Option(help="training run to consume (created if missing)")],
+    database_url: Annotated[str | None, typer.Option(envvar="SAPWOOD_DATABASE_URL", help="store URL")] = None,
+    source_run: Annotated[str | None, typer.Option(help="make RUN a live run over these")] = None,
+    max_steps: Annotated[int, typer.Option(help="stop after this many batches")] = 100,
+    idle_timeout: Annotated[float, typer.Option(help="stop when no batch arrives for this long (s)")] = 10.0,
+    jmax: Annotated[int, typer.Option(help="at most this many trajectories per execution")] = 8,
+    executions_per_batch: int = 4,
+    checkpoint_dir: Annotated[Path, typer.Option(help="where policy checkpoints are written")] = Path("checkpoints"),
+    vocab_size: Annotated[int | None, typer.Option(help="model vocabulary (default: from the executions)")] = None,
+    threads: Annotated[int, typer.Option(help="torch CPU threads")] = 2,
+) -> None:
+    """Claim Jmax-bounded batches of RUN exactly once, train CompactionRL + SAO steps, publish versions."""
+    import sqlalchemy as sa
+    import torch
+    from rich.progress import Progress
+
+    from sapwood.learner.config import LearnerConfig
+    from sapwood.learner.loop import Learner, latest_policy
+    from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
+    from sapwood.learner.source import SourceConfig
+    from sapwood.learner.trainer import SAOTrainer
+    from sapwood.platform import runs
+    from sapwood.platform import schema as t
+    from sapwood.platform.errors import UnknownParentError
+    from sapwood.platform.settings import Settings
+    from sapwood.platform.store import Store
+
+    torch.set_num_threads(threads)
+    store = Store.open(database_url or Settings().database_url)
+    with store.transaction() as conn:
+        try:
+            runs.get_run(conn, run)
+        except UnknownParentError:
+            if source_run is None:
+                raise typer.BadParameter(f"run {run!r} does not exist; pass --source-run to create it") from None
+            runs.create_run(conn, run, runs.ExecutionFilter(run_id=source_run), kind="live")
+        if vocab_size is None:
+            vocab_size = conn.execute(sa.select(sa.func.max(t.executions.c.vocab_size))).scalar()
+    if not vocab_size:
+        raise typer.BadParameter("no vocab_size recorded; pass --vocab-size")
+    config = LearnerConfig(jmax=jmax)
+    backend = TorchBackend(TinyActorCritic(TinyTransformerConfig(vocab_size=int(vocab_size))), config.optim)
+    resumed = latest_policy(store, run)
+    if resumed and resumed[1] and Path(resumed[1]).exists():
+        backend.load_state_dict(torch.load(resumed[1], weights_only=False))
+        console.print(f"resumed from policy version {resumed[0]}")
+    learner = Learner(store, run, SAOTrainer(backend, config), checkpoint_dir=checkpoint_dir, prefetch=True,
+                      source_config=SourceConfig(jmax=jmax, executions_per_batch=executions_per_batch))
+    with Progress(console=console) as progress:
+        task = progress.add_task("training", total=max_steps)
+        for _ in range(max_steps):
+            metrics = learner.step(timeout_s=idle_timeout)
+            if metrics is None:
+                break
+            progress.update(task, advance=1, description=f"v{int(metrics['policy/version'])} "
+                            f"reward {metrics['learner/rewards_mean']:.3f}")
+    learner.close()
+    last = learner.history[-1] if learner.history else {}
+    print(json.dumps({"steps": len(learner.history), "policy_version": backend.policy_version,
+                      "lost_claims": learner.lost_claims, **{k: round(v, 5) for k, v in last.items()}}))
