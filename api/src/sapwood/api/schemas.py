@@ -15,6 +15,7 @@ NO_NUL = r"^[^\x00]*$"
 ShortText = Annotated[str, StringConstraints(max_length=128, pattern=NO_NUL)]
 RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+INT32_MAX = 2**31 - 1
 
 
 class _Out(BaseModel):
@@ -125,6 +126,10 @@ class RunCreate(BaseModel):
 
     @model_validator(mode="after")
     def _storable(self) -> RunCreate:
+        for name in ("min_policy_version", "max_policy_version"):
+            value = getattr(self.filter, name)
+            if value is not None and value > INT32_MAX:
+                raise ValueError(f"filter.{name}: at most {INT32_MAX}")
         _json_ok(self.config, "config")
         _json_ok(self.filter.model_dump(), "filter")
         if len(str(self.config)) > 20_000:

@@ -39,9 +39,12 @@ def kafka_end_offsets(bootstrap: str, topic_partitions: list[tuple[str, int]],
         from kafka import KafkaConsumer, TopicPartition
 
     timeout_ms = max(1000, int(timeout_s * 1000))
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                             client_id="sapwood-api-lag", request_timeout_ms=timeout_ms,
-                             api_version_auto_timeout_ms=timeout_ms)
+    config = {"group_id": None, "enable_auto_commit": False, "client_id": "sapwood-api-lag",
+              "request_timeout_ms": timeout_ms,
+              # the first-contact timeout is named differently across kafka-python versions
+              "api_version_auto_timeout_ms": timeout_ms, "bootstrap_timeout_ms": timeout_ms}
+    known = KafkaConsumer.DEFAULT_CONFIG
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, **{k: v for k, v in config.items() if k in known})
     try:
         tps = [TopicPartition(topic, p) for topic, p in topic_partitions]
         ends = consumer.end_offsets(tps, timeout_ms=timeout_ms)

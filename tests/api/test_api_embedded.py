@@ -1,0 +1,106 @@
+"""The embedded case (SQLite file store), the CLI commands, and ingest lag against a real Kafka broker."""
+
+from __future__ import annotations
+
+import io
+import time
+import warnings
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import typer
+from typer.testing import CliRunner
+
+from api.api_helpers import calls_of, load_executions, make_client, make_keys, recorded_input
+from sapwood.api.cli import register
+from sapwood.platform import schema as t
+from sapwood.platform.store import Store
+
+
+def test_sqlite_store_serves_every_kind_of_request(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'sapwood.db'}")
+    writers = load_executions(store, 2)
+    keys = make_keys(store)
+    h = keys.headers("all")
+    w = writers[1]
+    with make_client(store) as c:
+        page = c.get("/v1/executions", headers=h, params={"limit": 1}).json()
+        page2 = c.get("/v1/executions", headers=h, params={"limit": 1, "cursor": page["next_cursor"]}).json()
+        assert [page["items"][0]["execution_id"], page2["items"][0]["execution_id"]] == [writers[1].execution_id,
+                                                                                       writers[0].execution_id]
+        tree = c.get(f"/v1/executions/{w.execution_id}/tree", headers=h).json()
+        assert len(tree["nodes"]) == len(w.nodes) and set(tree["leaves"]) == set(w.leaves())
+        assert c.get(f"/v1/executions/{w.execution_id}/tree/summary", headers=h).status_code == 200
+        call = calls_of(w)[-1]
+        audit = c.get(f"/v1/calls/{call.event_id}/audit", headers=h).json()
+        assert audit["verified"] and audit["input"]["token_ids"] == recorded_input(w, call).tolist()
+        seen = c.get(f"/v1/nodes/{w.leaves()[0]}/trajectory", headers=h).json()
+        assert seen["n_tokens"] > 0
+        root = tree["nodes"][0]["node_id"]
+        assert c.get(f"/v1/nodes/{root}/calls", headers=h).json()["items"]
+        run = c.post("/v1/runs", headers=h, json={"run_id": "replay", "seed": 2}).json()
+        assert run["queued"] == 2
+        assert c.post(f"/v1/executions/{w.execution_id}/scores", headers=h, json={"score": 0.5}).status_code == 201
+        table = pq.read_table(io.BytesIO(c.get("/v1/export.parquet", headers=h).content))
+        assert table.num_rows == sum(len(x.leaves()) for x in writers)
+        stats = c.get("/v1/stats", headers=h).json()
+        assert stats["calls"] == sum(len(calls_of(x)) for x in writers)
+        assert c.get("/healthz").json()["database"] == "sqlite"
+    store.close()
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def test_cli_creates_a_key_that_the_api_accepts(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    runner = CliRunner()
+    result = runner.invoke(_cli(), ["keys", "create", "--name", "ops", "--scopes", "read write", "--database-url", url])
+    assert result.exit_code == 0, result.output
+    key = result.stdout.strip().splitlines()[0]
+    key_id = key.split(".")[0]
+    store = Store.open(url)
+    with make_client(store) as c:
+        assert c.get("/v1/runs", headers={"X-API-Key": key}).status_code == 200
+        assert c.get("/v1/keys", headers={"X-API-Key": key}).status_code == 403
+    listed = runner.invoke(_cli(), ["keys", "list", "--database-url", url])
+    assert key_id in listed.stdout and key.split(".")[1] not in listed.stdout
+    assert runner.invoke(_cli(), ["keys", "revoke", key_id, "--database-url", url]).exit_code == 0
+    with make_client(store) as c:
+        assert c.get("/v1/runs", headers={"X-API-Key": key}).status_code == 401
+    bad = runner.invoke(_cli(), ["keys", "create", "--name", "x", "--scopes", "root", "--database-url", url])
+    assert bad.exit_code != 0
+    store.close()
+
+
+def test_serve_is_registered_into_the_sapwood_command() -> None:
+    from sapwood.platform.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--help"])
+    assert result.exit_code == 0 and "--workers" in result.stdout
+    assert CliRunner().invoke(app, ["keys", "--help"]).exit_code == 0
+
+
+def test_ingest_lag_from_a_real_broker(pg_store: Store, kafka_bootstrap: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka import KafkaProducer
+
+    topic = f"sapwood-lag-{int(time.time() * 1000)}"
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for i in range(7):
+        producer.send(topic, value=f"event {i}".encode(), partition=0)
+    producer.flush()
+    producer.close()
+    with pg_store.transaction() as conn:
+        conn.execute(t.consumer_offsets.insert().values(group_id="sapwood-ingest", topic=topic, partition=0,
+                                                        next_offset=3, updated_at=time.time()))
+    keys = make_keys(pg_store)
+    with make_client(pg_store, kafka_bootstrap=kafka_bootstrap) as c:
+        stats = c.get("/v1/stats", headers=keys.headers("read")).json()
+    assert stats["ingest_lag"] == 4 and stats["ingest_lag_reason"] is None
+    [part] = stats["ingest_lag_partitions"]
+    assert (part["topic"], part["next_offset"], part["end_offset"], part["lag"]) == (topic, 3, 7, 4)

@@ -1,0 +1,67 @@
+"""Units without a server: settings, cursors, the response cache, tokenizers, key parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from sapwood.api import ApiSettings, CharTokenizer
+from sapwood.api.auth import parse_scopes, split_key
+from sapwood.api.cache import ResponseCache
+from sapwood.api.errors import AuthenticationError
+from sapwood.api.queries.cursors import decode_cursor, encode_cursor
+from sapwood.api.tokenizer import load_tokenizer
+from sapwood.platform.errors import ValidationError
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", []), (" , ", []), ("https://a.example", ["https://a.example"]),
+                                                 ("https://a.example, https://b.example",
+                                                  ["https://a.example", "https://b.example"])])
+def test_cors_origins_from_a_comma_separated_setting(value: str, expected: list[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAPWOOD_API_CORS_ORIGINS", value)
+    assert ApiSettings().api_cors_origins == expected
+
+
+def test_cursors_round_trip_and_reject_tampering() -> None:
+    c = encode_cursor("executions-desc", 1796071199.079911, "3339b57a-e6e2-4b45-8503-4e0770fe6d48")
+    assert decode_cursor(c, "executions-desc", (float, str)) == [1796071199.079911,
+                                                                 "3339b57a-e6e2-4b45-8503-4e0770fe6d48"]
+    bad_cursors = ("", "!!!", c[:-3], encode_cursor("executions-asc", 1.0, "x"),
+                   encode_cursor("executions-desc", "1", "x"), encode_cursor("executions-desc", 1.0),
+                   encode_cursor("executions-desc", True, "x"))
+    for bad in bad_cursors:
+        with pytest.raises(ValidationError, match="cursor"):
+            decode_cursor(bad, "executions-desc", (float, str))
+
+
+def test_response_cache_is_bounded_by_bytes() -> None:
+    cache = ResponseCache(400)
+    for i in range(5):
+        cache.put(i, (b"x" * 100, {}))
+    assert len(cache) == 4 and cache.size_bytes == 400 and cache.get(0) is None and cache.get(4) is not None
+    cache.get(1)
+    cache.put(9, (b"y" * 100, {}))
+    assert cache.get(2) is None and cache.get(1) is not None  # least recently used goes first
+    cache.put("big", (b"z" * 101, {}))  # more than a quarter of the cache: not kept
+    assert cache.get("big") is None
+
+
+def test_char_tokenizer() -> None:
+    assert CharTokenizer().decode([72, 105, -1, 0xD800]) == "Hi\ufffd\ufffd"
+    alpha = CharTokenizer("ab\n")
+    assert alpha.decode(alpha.encode("ba\nab")) == "ba\nab" and alpha.decode([5]) == "\ufffd"
+    with pytest.raises(ValidationError, match="alphabet"):
+        alpha.encode("c")
+    assert load_tokenizer("none") is None and isinstance(load_tokenizer("char"), CharTokenizer)
+    assert isinstance(load_tokenizer("sapwood.api.tokenizer.char_tokenizer"), CharTokenizer)
+
+
+def test_key_parsing() -> None:
+    assert split_key(" 0123456789abcdef." + "s" * 43 + " ") == ("0123456789abcdef", "s" * 43)
+    for bad in ("", "nodot", "0123456789abcdef.", "XYZ.secretsecretsecretsecret", "0123456789abcdef.bad secret!"):
+        with pytest.raises(AuthenticationError):
+            split_key(bad)
+    assert parse_scopes("write read") == ["read", "write"] and parse_scopes(["admin"]) == ["admin"]
+    for bad in ("", "root", "read root"):
+        with pytest.raises(ValidationError):
+            parse_scopes(bad)
