@@ -25,6 +25,9 @@ def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
     """The subset of ``digests`` already stored."""
     wanted = list(digests)
     found: set[bytes] = set()
+    if conn.dialect.name == "postgresql" and wanted:
+        rows = conn.execute(sa.text("SELECT digest FROM spans WHERE digest = ANY(:d)"), {"d": wanted})
+        return {bytes(r[0]) for r in rows}
     for i in range(0, len(wanted), _CHUNK):
         chunk = wanted[i : i + _CHUNK]
         found.update(bytes(r[0]) for r in conn.execute(sa.select(t.spans.c.digest).where(t.spans.c.digest.in_(chunk))))
@@ -37,7 +40,8 @@ def insert_spans(conn: Connection, spans: dict[bytes, bytes]) -> int:
         stmt = sqlite.insert(t.spans).on_conflict_do_nothing(index_elements=["digest"])
         conn.execute(stmt, [{"digest": d, "data": b} for d, b in spans.items()])
         return len(spans)
-    missing = [d for d in spans if d not in existing_digests(conn, spans)]
+    stored = existing_digests(conn, spans)
+    missing = [d for d in spans if d not in stored]
     if not missing:
         return 0
     if conn.dialect.name == "postgresql":

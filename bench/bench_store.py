@@ -1,0 +1,169 @@
+"""Store benchmark: apply throughput vs raw binary COPY, storage footprint, exact reconstruction latency.
+
+One synthetic execution (~700K tokens, 300 model calls, 4 forks, 3 compaction segments,
+observations of 1–3K tokens) is applied to a fresh PostgreSQL database. In the same run the
+same span bytes are written with a raw binary ``COPY`` into a plain table, so the ratio is
+measured side by side. The last stdout line is a JSON object of the figures.
+
+    python scripts/services.py start && source .services/env
+    python bench/bench_store.py --database-url "$SAPWOOD_TEST_DATABASE_URL"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import psycopg
+import sqlalchemy as sa
+from rich.console import Console
+from sqlalchemy.engine import make_url
+
+from sapwood.platform import schema as t
+from sapwood.platform.events import ModelCall
+from sapwood.platform.store import Store
+from sapwood.platform.synthetic import SynthConfig, synthetic_execution
+from sapwood.platform.tokens import digest_bytes, pack
+
+console = Console(stderr=True)
+
+
+def _fresh_database(server_url: str) -> tuple[str, str]:
+    url = make_url(server_url)
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return url.set(database=name).render_as_string(hide_password=False), dsn
+
+
+def _drop_database(dsn: str, url: str) -> None:
+    name = make_url(url).database
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _relation_bytes(store: Store) -> int:
+    names = [tb.name for tb in t.metadata.sorted_tables]
+    with store.transaction() as conn:
+        return int(conn.execute(sa.text(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r' "
+            "AND c.relname = ANY(:names)"), {"names": names}).scalar_one())
+
+
+def _raw_copy(store: Store, spans: dict[bytes, bytes]) -> float:
+    """Seconds to COPY the same (digest, bytes) rows into a plain table, in one transaction."""
+    with store.transaction() as conn:
+        conn.execute(sa.text("CREATE TABLE raw_copy (digest bytea PRIMARY KEY, data bytea NOT NULL)"))
+        conn.execute(sa.text("ALTER TABLE raw_copy ALTER COLUMN data SET STORAGE EXTERNAL"))
+    t0 = time.perf_counter()
+    with store.transaction() as conn:
+        raw = conn.connection.driver_connection
+        with raw.cursor() as cur, cur.copy("COPY raw_copy (digest, data) FROM STDIN (FORMAT BINARY)") as cp:  # type: ignore[union-attr]
+            cp.set_types(["bytea", "bytea"])
+            for d, b in spans.items():
+                cp.write_row((d, b))
+    return time.perf_counter() - t0
+
+
+def run(database_url: str, *, repeats: int, seed: int) -> dict[str, Any]:
+    cfg = SynthConfig(seed=seed)
+    w = synthetic_execution(cfg)
+    events = w.events
+    calls = [e for e in events if isinstance(e, ModelCall)]
+    spans: dict[bytes, bytes] = {}
+    for e in events:
+        for arr in e.array_fields().values():
+            if arr.size:
+                data = pack(arr)
+                spans.setdefault(digest_bytes(data), data)
+    tokens = sum(e.n_tokens() for e in events)
+    n_logprobs = sum(int(c.output_logprobs.size) for c in calls)
+    console.print(f"synthetic execution: {tokens:,} tokens, {len(calls)} calls, {len(events)} events")
+
+    apply_s, copy_s, stored = [], [], []
+    recon_ms: list[float] = []
+    for r in range(repeats):
+        url, dsn = _fresh_database(database_url)
+        try:
+            store = Store.open(url)
+            base = _relation_bytes(store)
+            copy_s.append(_raw_copy(store, spans))
+            with store.transaction() as conn:
+                conn.execute(sa.text("DROP TABLE raw_copy"))
+            t0 = time.perf_counter()
+            store.apply(events)
+            apply_s.append(time.perf_counter() - t0)
+            stored.append(_relation_bytes(store) - base)
+            stats = store.stats()
+            if r == 0:
+                big = sorted(calls, key=lambda c: abs(store_input_len(store, c.call_id) - 131_072))[:5]
+                store.cache = type(store.cache)(store.cache.max_nodes)
+                for c in big:  # warm-up, then measure
+                    store.reconstruct_input(c.call_id)
+                for _ in range(40):
+                    for c in big:
+                        t1 = time.perf_counter()
+                        ids = store.reconstruct_input(c.call_id)
+                        recon_ms.append((time.perf_counter() - t1) * 1000)
+                recon_len = int(ids.size)
+                expected = np.concatenate([w.context(big[-1].parent), big[-1].appended])  # type: ignore[arg-type]
+                assert np.array_equal(ids, expected), "reconstruction differs from the recorded input"
+            store.close()
+        finally:
+            _drop_database(dsn, url)
+    payload = 4 * stats["tree_tokens"] + 4 * n_logprobs
+    naive = 4 * stats["naive_tokens"] + 4 * n_logprobs
+    apply_tps = tokens / statistics.median(apply_s)
+    copy_tps = tokens / statistics.median(copy_s)
+    recon_ms.sort()
+    return {
+        "tokens": tokens,
+        "calls": len(calls),
+        "tree_tokens": stats["tree_tokens"],
+        "apply_tokens_per_s": round(apply_tps),
+        "raw_copy_tokens_per_s": round(copy_tps),
+        "apply_vs_copy_ratio": round(apply_tps / copy_tps, 3),
+        "stored_bytes": int(statistics.median(stored)),
+        "payload_bytes": payload,
+        "stored_over_payload": round(statistics.median(stored) / payload, 3),
+        "naive_bytes": naive,
+        "storage_ratio_vs_naive": round(naive / statistics.median(stored), 1),
+        "reconstruct_tokens": recon_len,
+        "reconstruct_p50_ms": round(recon_ms[len(recon_ms) // 2], 2),
+        "reconstruct_p99_ms": round(recon_ms[int(len(recon_ms) * 0.99) - 1], 2),
+        "repeats": repeats,
+    }
+
+
+def store_input_len(store: Store, call_id: str) -> int:
+    with store.transaction() as conn:
+        return int(conn.execute(sa.select(t.calls.c.input_len).where(t.calls.c.call_id == call_id)).scalar_one())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database-url", default=os.environ.get("SAPWOOD_TEST_DATABASE_URL"),
+                        help="PostgreSQL server URL (a fresh database is created on it per repeat)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not args.database_url or not args.database_url.startswith("postgresql"):
+        parser.error("needs --database-url postgresql+psycopg://... (or SAPWOOD_TEST_DATABASE_URL)")
+    figures = run(args.database_url, repeats=args.repeats, seed=args.seed)
+    targets = {"apply_vs_copy_ratio": ">= 0.5", "stored_over_payload": "<= 1.1",
+               "storage_ratio_vs_naive": ">= 25", "reconstruct_p99_ms": "<= 30"}
+    for key, target in targets.items():
+        console.print(f"{key:>24}: {figures[key]}  (target {target})")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
