@@ -20,7 +20,7 @@ from sapwood.ingest.offsets import load_offsets
 from sapwood.ingest.topics import end_offsets
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode
-from sapwood.platform.events import ExecutionStarted, Prompt
+from sapwood.platform.events import Event, ExecutionStarted, Prompt
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.rollout import KafkaTransport
@@ -45,7 +45,7 @@ SMALL = SynthConfig(calls=10, forks=1, fork_depth=2, segments=2, obs_min=5, obs_
                     system_tokens=30, task_tokens=10, summary_tokens=8, vocab_size=500)
 
 
-def small(seed: int, **kw: object) -> list:  # type: ignore[type-arg]
+def small(seed: int, **kw: object) -> list[Event]:
     return synthetic_execution(SynthConfig(**{**SMALL.__dict__, "seed": seed, **kw})).events
 
 
