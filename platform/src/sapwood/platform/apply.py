@@ -44,7 +44,7 @@ from sapwood.platform.events import (
     Prompt,
     SegmentBoundary,
 )
-from sapwood.platform.spans import insert_spans, path_tokens
+from sapwood.platform.spans import bulk_insert, insert_spans, path_tokens
 from sapwood.platform.tokens import digest_bytes, input_hasher, pack
 
 Hasher = Any  # hashlib.blake2b object
@@ -657,15 +657,11 @@ def _write(conn: Connection, plan: _Plan) -> None:
     """Bulk-write a plan's rows into the caller's transaction."""
     if not plan.replay and plan.spans:
         insert_spans(conn, plan.spans)
-    if plan.rows["events"]:
-        conn.execute(t.events.insert(), plan.rows["events"])
-    if plan.new_execs:
-        conn.execute(t.executions.insert(), [plan.execs[x] for x in sorted(plan.new_execs)])
-    if plan.new_nodes:
-        conn.execute(t.nodes.insert(), list(plan.new_nodes.values()))
+    bulk_insert(conn, t.events, plan.rows["events"])
+    bulk_insert(conn, t.executions, [plan.execs[x] for x in sorted(plan.new_execs)])
+    bulk_insert(conn, t.nodes, list(plan.new_nodes.values()))
     for table in ("calls", "segments", "scores", "policy_versions"):
-        if plan.rows[table]:
-            conn.execute(getattr(t, table).insert(), plan.rows[table])
+        bulk_insert(conn, getattr(t, table), plan.rows[table])
     _bulk_update_nodes(conn, plan.node_updates)
     touched = [plan.execs[x] for x in plan.execs if x not in plan.new_execs]
     if touched:

@@ -8,9 +8,11 @@ binary ``COPY``; on SQLite through ``INSERT OR IGNORE``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
+from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 
@@ -53,6 +55,26 @@ def insert_spans(conn: Connection, spans: dict[bytes, bytes]) -> int:
     else:
         conn.execute(t.spans.insert(), [{"digest": d, "data": spans[d]} for d in missing])
     return len(missing)
+
+
+#: Below this many rows a plain multi-row INSERT beats setting up a COPY.
+COPY_MIN_ROWS = 32
+
+
+def bulk_insert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """Insert ``rows`` into ``table``: ``COPY`` on PostgreSQL for large batches, else ``INSERT``."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql" or len(rows) < COPY_MIN_ROWS:
+        conn.execute(table.insert(), rows)
+        return
+    cols = [c.name for c in table.columns if c.name in rows[0]]
+    json_cols = {c.name for c in table.columns if isinstance(c.type, sa.JSON) or "JSON" in str(c.type)}
+    raw = conn.connection.driver_connection
+    names = ", ".join(f'"{c}"' for c in cols)
+    with raw.cursor() as cur, cur.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:  # type: ignore[union-attr]
+        for row in rows:
+            copy.write_row([Jsonb(row[c]) if c in json_cols and row[c] is not None else row[c] for c in cols])
 
 
 def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]:
