@@ -103,7 +103,18 @@ _PATH_SQL = sa.text(
 
 def path_tokens(conn: Connection, node_id: str) -> TokenArray:
     """Tokens of the context that ends with node ``node_id`` (root → node), as int32 [L]."""
-    rows = conn.execute(_PATH_SQL, {"node_id": node_id}).all()
+    if conn.dialect.name == "postgresql":
+        # One index probe per ancestor: without this the planner hash-joins a full scan of
+        # `nodes` on every recursion step whenever it thinks the table is small.
+        conn.execute(sa.text("SET LOCAL enable_seqscan = off"))
+        conn.execute(sa.text("SET LOCAL enable_hashjoin = off"))
+        try:
+            rows = conn.execute(_PATH_SQL, {"node_id": node_id}).all()
+        finally:
+            conn.execute(sa.text("SET LOCAL enable_seqscan TO DEFAULT"))
+            conn.execute(sa.text("SET LOCAL enable_hashjoin TO DEFAULT"))
+    else:
+        rows = conn.execute(_PATH_SQL, {"node_id": node_id}).all()
     if not rows:
         raise UnknownParentError(f"node {node_id} does not exist")
     if len(rows) == 1:
