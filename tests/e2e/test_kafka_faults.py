@@ -11,6 +11,7 @@ import random
 import re
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from ingest.ingest_helpers import (
@@ -41,6 +42,7 @@ class Producer(threading.Thread):
         self.ledger = Ledger()
         self.garbage = 0
         self.error: BaseException | None = None
+        self.stop = threading.Event()
 
     def run(self) -> None:
         try:
@@ -48,7 +50,7 @@ class Producer(threading.Thread):
             deadline = time.monotonic() + self.duration_s
             seed = 0
             with KafkaTransport(self.bootstrap, topic=self.topic, on_delivery=self.ledger, linger_ms=2) as transport:
-                while time.monotonic() < deadline:
+                while time.monotonic() < deadline and not self.stop.is_set():
                     for ev in synthetic_execution(SynthConfig(**{**SMALL.__dict__, "seed": seed})).events:
                         transport.send(ev)
                     seed += 1
@@ -73,17 +75,26 @@ def test_ingest_killed_repeatedly_loses_and_duplicates_nothing(pg_url: str, kafk
         return IngestProcess(pg_url, kafka_bootstrap, topic, group, log, batch_size=40,
                              instance_id="ingest-crash-0").start()
 
+    def assignments() -> int:
+        return len(re.findall(r"assigned \[\d", log.read_text())) if log.exists() else 0
+
+    def ready(before: int, p: IngestProcess) -> bool:
+        return assignments() > before or not p.alive()
+
     producer = Producer(kafka_bootstrap, topic, duration_s=10, garbage_every=5)
+    seen = 0
     proc = spawn()
     producer.start()
     rng = random.Random(3)
     kills = 0
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while (producer.is_alive() or kills < 3) and time.monotonic() < deadline:
-            time.sleep(rng.uniform(2.0, 3.5))
+            wait_until(partial(ready, seen, proc), 60, "the ingest process to get partitions")
+            time.sleep(rng.uniform(0.5, 2.0))  # ... then it is busy with batches
             proc.kill()  # SIGKILL: no cleanup, maybe mid-transaction
             kills += 1
+            seen = assignments()
             proc = spawn()
         producer.join(60)
         assert producer.error is None, producer.error
@@ -104,13 +115,17 @@ def test_second_ingest_joins_and_leaves_during_the_stream(pg_url: str, kafka_boo
     first = IngestProcess(pg_url, kafka_bootstrap, topic, group, tmp_path / "first.log", batch_size=40).start()
     second = IngestProcess(pg_url, kafka_bootstrap, topic, group, tmp_path / "second.log", batch_size=40,
                            application_name="sapwood-ingest-second")
-    producer = Producer(kafka_bootstrap, topic, duration_s=12, garbage_every=7)
+    producer = Producer(kafka_bootstrap, topic, duration_s=90, garbage_every=7)  # until the second one left
     producer.start()
     try:
         time.sleep(2.0)
         second.start()  # joins: the partitions are split between the two
-        time.sleep(6.0)
+        wait_until(lambda: re.search(r"assigned \[\d", (tmp_path / "second.log").read_text()), 60,
+                   "the second process to get partitions")
+        time.sleep(3.0)
         assert second.terminate(30) == 0  # SIGTERM: finishes its batch, commits, leaves the group
+        time.sleep(1.5)  # the first process takes all partitions back while the stream goes on
+        producer.stop.set()
         producer.join(60)
         assert producer.error is None, producer.error
         wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, group), 90, "ingest to catch up")

@@ -69,6 +69,8 @@ class IngestConfig:
     """Topic that gets a copy of every dead letter (None: table only)."""
     batch_size: int = 500
     """Most records per transaction."""
+    batch_wait_ms: int = 50
+    """After a poll, keep polling this long to fill the transaction up to ``batch_size``."""
     max_event_bytes: int = 1_000_000
     """Records larger than this are dead-lettered as ``too_large`` without decoding."""
     partitions: int = 8
@@ -382,7 +384,7 @@ class IngestService:
         if self._unsynced:
             self._resync_pending()
         try:
-            polled = self.consumer.poll(timeout_ms=self.config.poll_timeout_ms, max_records=self.config.batch_size)
+            polled = self._poll_batch()
         except Exception as exc:
             log.warning("poll failed: %s", exc)
             time.sleep(self.config.retry_backoff_s)
@@ -394,6 +396,29 @@ class IngestService:
             self._process(batch)
         self._report_lag()
         return sum(len(r) for r in batch.values())
+
+    def _poll_batch(self) -> dict[TopicPartition, list[Any]]:
+        """Records of one transaction: a poll, topped up for ``batch_wait_ms`` while under ``batch_size``."""
+        cfg = self.config
+        polled = {tp: list(recs) for tp, recs in
+                  self.consumer.poll(timeout_ms=cfg.poll_timeout_ms, max_records=cfg.batch_size).items()}
+        n = sum(len(r) for r in polled.values())
+        deadline = time.monotonic() + cfg.batch_wait_ms / 1000
+        while 0 < n < cfg.batch_size and not self._rebalance_pending():
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                break
+            more = self.consumer.poll(timeout_ms=remaining_ms, max_records=cfg.batch_size - n)
+            if not more:
+                break
+            for tp, recs in more.items():
+                polled.setdefault(tp, []).extend(recs)
+                n += len(recs)
+        return polled
+
+    def _rebalance_pending(self) -> bool:
+        need_rejoin = getattr(getattr(self.consumer, "_coordinator", None), "need_rejoin", None)
+        return bool(need_rejoin()) if need_rejoin is not None else False
 
     def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
         try:

@@ -1,0 +1,225 @@
+"""Kafka → PostgreSQL ingest benchmark, with its baselines measured in the same run.
+
+    python bench/bench_kafka_ingest.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres \\
+        --bootstrap 127.0.0.1:9092 [--executions 4] [--pause-s 30]
+
+(defaults: ``SAPWOOD_TEST_DATABASE_URL`` / ``SAPWOOD_TEST_KAFKA_BOOTSTRAP``). A fresh database
+and fresh topics are created and dropped. Figures:
+
+* producer throughput (``KafkaTransport``, idempotent, acks=all) without compression and
+  with the Kafka codec the transport picks (zstd when available);
+* ingest end to end: synthetic ~700K-token executions (``platform.synthetic``) from Kafka
+  into PostgreSQL by :class:`~sapwood.ingest.IngestService` — tokens/s (wall clock from
+  service start, group join included; and over the time spent in ingest transactions), and
+  their ratio to a raw binary ``COPY`` of the same token and log-prob bytes into a bare table
+  (median of three runs);
+* lag recovery: ingest stopped while producers write for ``--pause-s`` seconds at
+  ``--pause-rate`` tokens/s, then restarted: seconds until the lag is back to zero.
+
+The last stdout line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+import warnings
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from sapwood.ingest import IngestConfig, IngestService, ingest_lag
+from sapwood.platform.events import Event
+from sapwood.platform.store import Store
+from sapwood.platform.synthetic import SynthConfig, synthetic_execution
+from sapwood.rollout import KafkaTransport
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka import KafkaAdminClient
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def executions(n: int, first_seed: int) -> list[list[Event]]:
+    """``n`` synthetic executions (≈ 700K tokens each, SynthConfig defaults)."""
+    return [synthetic_execution(SynthConfig(seed=first_seed + i), run_id="bench").events for i in range(n)]
+
+
+def tokens_of(events: list[Event]) -> int:
+    return sum(e.n_tokens() for e in events)
+
+
+def produce(bootstrap: str, topic: str, events: list[Event], compression: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with KafkaTransport(bootstrap, topic=topic, compression=compression, linger_ms=10,  # type: ignore[arg-type]
+                        batch_bytes=1024 * 1024) as transport:
+        for ev in events:
+            transport.send(ev)
+        transport.flush(300)
+        used = transport.compression
+    seconds = time.perf_counter() - t0
+    tokens = tokens_of(events)
+    return {"compression": used, "seconds": round(seconds, 3), "events_per_s": round(len(events) / seconds),
+            "tokens_per_s": round(tokens / seconds)}
+
+
+def raw_copy_tokens_per_s(admin: dict[str, Any], database: str, events: list[Event]) -> float:
+    """Binary COPY of every event's packed arrays (int32 ids, float32 log-probs) into a bare table."""
+    rows = [(uuid.UUID(e.event_id), b"".join(a.tobytes() for a in e.array_fields().values())) for e in events]
+    with psycopg.connect(**{**admin, "dbname": database}) as conn:
+        conn.execute("CREATE TABLE bench_copy (event_id uuid, data bytea)")
+        conn.commit()
+        t0 = time.perf_counter()
+        with conn.cursor() as cur, cur.copy("COPY bench_copy (event_id, data) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["uuid", "bytea"])
+            for row in rows:
+                copy.write_row(row)
+        conn.commit()
+        seconds = time.perf_counter() - t0
+        conn.execute("DROP TABLE bench_copy")
+        conn.commit()
+    return tokens_of(events) / seconds
+
+
+def wait_caught_up(bootstrap: str, topic: str, group: str, store: Store, timeout_s: float) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        if all(v == 0 for v in ingest_lag(bootstrap, topic, group, store.engine).values()):
+            return time.perf_counter() - t0
+        time.sleep(0.2)
+    raise TimeoutError(f"lag did not return to zero within {timeout_s} s")
+
+
+class RunningIngest:
+    def __init__(self, config: IngestConfig) -> None:
+        self.service = IngestService(config)
+        self.thread = threading.Thread(target=self.service.run, daemon=True)
+
+    def __enter__(self) -> IngestService:
+        self.thread.start()
+        return self.service
+
+    def __exit__(self, *exc: object) -> None:
+        self.service.stop()
+        self.thread.join(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database-url", default=os.environ.get("SAPWOOD_TEST_DATABASE_URL"),
+                        help="PostgreSQL server (a fresh database is created on it)")
+    parser.add_argument("--bootstrap", default=os.environ.get("SAPWOOD_TEST_KAFKA_BOOTSTRAP"))
+    parser.add_argument("--executions", type=int, default=4, help="synthetic ~700K-token executions")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=500, help="ingest records per transaction")
+    parser.add_argument("--pause-s", type=float, default=30.0, help="seconds of production with ingest stopped")
+    parser.add_argument("--pause-rate", type=float, default=200_000.0,
+                        help="tokens/s produced while ingest is stopped")
+    args = parser.parse_args()
+    if not args.database_url or not args.bootstrap:
+        parser.error("--database-url and --bootstrap are required (or SAPWOOD_TEST_* variables)")
+    logging.basicConfig(level=logging.WARNING)
+    url = make_url(args.database_url)
+    admin = {"host": url.host, "port": url.port or 5432, "user": url.username or "postgres",
+             "dbname": url.database or "postgres", "autocommit": True}
+    if url.password:
+        admin["password"] = url.password
+    database = f"sapwood_bench_{uuid.uuid4().hex[:10]}"
+    run = uuid.uuid4().hex[:8]
+    topics = {name: f"bench-{name}-{run}" for name in ("plain", "compressed", "pause")}
+    kadmin = KafkaAdminClient(bootstrap_servers=args.bootstrap, client_id="sapwood-bench")
+    kadmin.create_topics({t: {"num_partitions": args.partitions} for t in topics.values()}, wait_for_metadata=True)
+    with psycopg.connect(**admin) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    db_url = url.set(database=database).render_as_string(hide_password=False)
+    result: dict[str, Any] = {"bench": "kafka_ingest", "executions": args.executions, "partitions": args.partitions}
+    try:
+        store = Store.open(db_url)
+        t0 = time.perf_counter()
+        main_events = [e for ex in executions(args.executions, 0) for e in ex]
+        tokens = tokens_of(main_events)
+        result.update(events=len(main_events), tokens=tokens, generate_s=round(time.perf_counter() - t0, 2))
+        log(f"{len(main_events)} events, {tokens:,} tokens")
+
+        result["producer_plain"] = produce(args.bootstrap, topics["plain"], main_events, "none")
+        result["producer_compressed"] = produce(args.bootstrap, topics["compressed"], main_events, "auto")
+        log(f"producer: {result['producer_plain']} / {result['producer_compressed']}")
+
+        group = f"bench-{run}"
+        config = IngestConfig(database_url=db_url, bootstrap=args.bootstrap, topic=topics["compressed"], group=group,
+                              batch_size=args.batch_size, partitions=0, dead_letter_topic=None, migrate=False)
+        t0 = time.perf_counter()
+        with RunningIngest(config) as service:
+            wait_caught_up(args.bootstrap, topics["compressed"], group, store, 3600)
+            seconds = time.perf_counter() - t0
+            stats = service.stats
+            apply_s = service.metrics.apply_seconds.collect()[0]
+            apply_sum = next(s.value for s in apply_s.samples if s.name.endswith("_sum"))
+        assert stats.events == len(main_events) and stats.dead_letters == 0, stats
+        ingest_tps = tokens / seconds
+        copy_runs = sorted(raw_copy_tokens_per_s(admin, database, main_events) for _ in range(3))
+        copy_tps = copy_runs[1]  # median of three: the machine is shared, single runs are noisy
+        result["ingest"] = {"seconds": round(seconds, 2), "tokens_per_s": round(ingest_tps),
+                            "events_per_s": round(len(main_events) / seconds),
+                            "transaction_seconds": round(apply_sum, 2),
+                            "tokens_per_transaction_s": round(tokens / apply_sum), "batches": stats.batches}
+        result["raw_copy_tokens_per_s"] = round(copy_tps)
+        result["raw_copy_runs_tokens_per_s"] = [round(x) for x in copy_runs]
+        result["ingest_vs_raw_copy"] = round(ingest_tps / copy_tps, 3)
+        result["ingest_transactions_vs_raw_copy"] = round(tokens / apply_sum / copy_tps, 3)
+        log(f"ingest {ingest_tps:,.0f} tokens/s, raw COPY {copy_tps:,.0f} tokens/s")
+
+        # lag recovery: ingest stopped while producers keep writing for --pause-s seconds
+        per_execution = tokens / args.executions
+        needed = max(1, int(args.pause_rate * args.pause_s / per_execution) + 1)
+        pause_events = executions(needed, 1000)
+        pgroup = f"bench-pause-{run}"
+        pconfig = IngestConfig(database_url=db_url, bootstrap=args.bootstrap, topic=topics["pause"], group=pgroup,
+                               batch_size=args.batch_size, partitions=0, dead_letter_topic=None, migrate=False)
+        with RunningIngest(pconfig):  # join the group and settle before the pause
+            time.sleep(2.0)
+        produced_tokens = 0
+        produced_events = 0
+        t0 = time.perf_counter()
+        with KafkaTransport(args.bootstrap, topic=topics["pause"]) as transport:
+            stream = (e for ex in pause_events for e in ex)
+            for ev in stream:
+                transport.send(ev)
+                produced_tokens += ev.n_tokens()
+                produced_events += 1
+                ahead = produced_tokens / args.pause_rate - (time.perf_counter() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+                if time.perf_counter() - t0 >= args.pause_s:
+                    break
+        lag_before = sum(ingest_lag(args.bootstrap, topics["pause"], pgroup, store.engine).values())
+        t0 = time.perf_counter()
+        with RunningIngest(pconfig):
+            recovery = wait_caught_up(args.bootstrap, topics["pause"], pgroup, store, 3600)
+        result["lag_recovery"] = {"pause_s": args.pause_s, "pause_rate_tokens_per_s": args.pause_rate,
+                                  "backlog_records": lag_before, "backlog_events": produced_events,
+                                  "backlog_tokens": produced_tokens, "seconds_to_zero_lag": round(recovery, 2),
+                                  "drain_tokens_per_s": round(produced_tokens / recovery)}
+        log(f"lag recovery: {result['lag_recovery']}")
+        store.close()
+    finally:
+        kadmin.delete_topics(list(topics.values()))
+        kadmin.close()
+        with psycopg.connect(**admin) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
