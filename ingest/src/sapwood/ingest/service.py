@@ -204,8 +204,8 @@ class IngestService:
 
     def run(self) -> None:
         """Consume and apply until :meth:`stop` is called."""
-        self.open()
         try:
+            self.open()
             while not self._stop.is_set():
                 self.step()
         finally:
