@@ -127,6 +127,9 @@ class IngestStats:
     batches: int = 0
     retries: int = 0
     db_errors: int = 0
+    first_batch_at: float | None = None
+    """``time.monotonic()`` when the first batch began (throughput without start-up and group join)."""
+    last_commit_at: float | None = None
 
 
 def _with_connection_params(url: str, application_name: str) -> str:
@@ -464,6 +467,8 @@ class IngestService:
         assert self.store is not None
         cfg = self.config
         t0 = time.perf_counter()
+        if self.stats.first_batch_at is None:
+            self.stats.first_batch_at = time.monotonic()
         letters: list[DeadLetter] = []
         events: list[Event] = []
         origin: dict[int, tuple[str, Any]] = {}
@@ -558,6 +563,7 @@ class IngestService:
         for dl in letters:
             self.metrics.dead_letters.labels(dl.reason).inc()
         if advanced:
+            self.stats.last_commit_at = time.monotonic()
             self.stats.batches += 1
             self.metrics.batches.inc()
             self.metrics.apply_seconds.observe(seconds)
