@@ -1,0 +1,416 @@
+"""Inference engines behind one interface: token ids in, token ids and log-probs out.
+
+* :class:`LocalTorchEngine` — samples from the learner's ``TinyActorCritic`` on CPU
+  (temperature / top-p), and between calls loads the newest published policy version.
+* :class:`SGLangEngine` — an SGLang server's native ``/generate`` endpoint, called with
+  ``input_ids`` and ``return_logprob: true``; output ids and log-probs are taken from the
+  response's ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]`` triples),
+  never re-tokenized from text.
+
+Every call returns a :class:`Generation` that names the policy version that served it, so
+the recorder can log it (TITO ``policy_version``) and the learner can measure staleness.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from sapwood.platform.errors import SapwoodError, ValidationError
+
+if TYPE_CHECKING:
+    import httpx
+    import torch
+
+    from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "Generation",
+    "LatestPolicy",
+    "LocalTorchEngine",
+    "SGLangEngine",
+    "SamplingParams",
+    "load_model_state",
+]
+
+#: Returns the newest published ``(version, checkpoint path)`` of a run, or None.
+LatestPolicy = Callable[[], "tuple[int, str] | None"]
+
+
+class EngineError(SapwoodError):
+    """The engine failed or answered something that cannot be recorded."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters of one call (the subset both engines understand)."""
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    max_new_tokens: int = 16
+    """Most tokens to generate."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation stops after emitting one of these (the stop token is part of the output)."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValidationError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValidationError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValidationError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """As recorded in TITO events (and sent to SGLang)."""
+        d: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p,
+                             "max_new_tokens": self.max_new_tokens}
+        if self.stop_token_ids:
+            d["stop_token_ids"] = list(self.stop_token_ids)
+        return d
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one engine call produced."""
+
+    output_ids: np.ndarray
+    """[n] int32 generated token ids (n ≥ 1)."""
+    logprobs: np.ndarray
+    """[n] float32 log π_rollout of each generated token, as the engine computed it."""
+    policy_version: int
+    """Weights version that served the call."""
+    finish_reason: str
+    """``stop`` (a stop token) or ``length`` (``max_new_tokens``)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Wall-clock timings, e.g. ``latency_s``."""
+
+
+class Engine(abc.ABC):
+    """An inference engine: ``generate(input_ids, params)`` → :class:`Generation`."""
+
+    #: Recorded as the execution's ``engine``.
+    name: str = "engine"
+
+    @property
+    @abc.abstractmethod
+    def policy_version(self) -> int:
+        """Version of the weights the next call will be served with (as far as known)."""
+
+    @abc.abstractmethod
+    def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
+        """Generate from exactly ``input_ids`` (no template, no re-tokenization)."""
+
+    def refresh(self) -> bool:
+        """Switch to the newest published policy if there is a newer one; True if it switched."""
+        return False
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
+        """Release resources."""
+
+
+def load_model_state(checkpoint: str | Path) -> dict[str, Any]:
+    """The model ``state_dict`` inside a checkpoint file.
+
+    Accepts a learner checkpoint (``{"model": ...}``, or ``{"backend": {"model": ...}}``) or a
+    bare model ``state_dict``.
+    """
+    import torch
+
+    state = torch.load(str(checkpoint), map_location="cpu", weights_only=False)
+    if not isinstance(state, dict):
+        raise EngineError(f"checkpoint {checkpoint} holds a {type(state).__name__}, expected a dict")
+    for key in ("backend", "state"):
+        if isinstance(state.get(key), dict):
+            state = state[key]
+    if isinstance(state.get("model"), dict):
+        state = state["model"]
+    return state
+
+
+def _check_input(input_ids: Sequence[int]) -> list[int]:
+    ids = [int(t) for t in input_ids]
+    if not ids:
+        raise ValidationError("input_ids must not be empty")
+    return ids
+
+
+class LocalTorchEngine(Engine):
+    """Samples from a ``TinyActorCritic`` on CPU, one full forward per generated token.
+
+    The log-prob of each token is read from the same computation the learner does
+    (``tree_forward`` on a path is a causal forward with positions ``0..n-1``), so with
+    temperature 1 and top-p 1 the logged π_rollout equals the learner's π_θ for the same
+    weights. ``logprobs="sampling"`` (default) logs the distribution actually sampled from
+    (after temperature and top-p); ``"model"`` logs the untempered model distribution.
+
+    ``latest`` (e.g. ``lambda: latest_policy(store, run_id)``) is polled at most every
+    ``refresh_interval_s`` before a call; a newer version's checkpoint is loaded then, never
+    in the middle of a call. One engine per worker thread.
+    """
+
+    name = "local-torch"
+
+    def __init__(
+        self,
+        config: TinyTransformerConfig,
+        *,
+        state: dict[str, Any] | None = None,
+        policy_version: int = 0,
+        latest: LatestPolicy | None = None,
+        refresh_interval_s: float = 0.0,
+        seed: int = 0,
+        logprobs: Literal["sampling", "model"] = "sampling",
+    ) -> None:
+        import torch
+
+        from sapwood.learner.model import TinyActorCritic
+
+        if logprobs not in ("sampling", "model"):
+            raise ValidationError(f"logprobs must be 'sampling' or 'model', got {logprobs!r}")
+        self.config = config
+        self.model: TinyActorCritic = TinyActorCritic(config).eval()
+        if state is not None:
+            self.model.load_state_dict(state)
+        self._version = policy_version
+        self.latest = latest
+        self.refresh_interval_s = refresh_interval_s
+        self.logprob_mode = logprobs
+        self.generator = torch.Generator().manual_seed(seed)
+        self._last_check = -float("inf")
+        self._lock = threading.Lock()
+        #: Number of policy switches (weights loads) so far.
+        self.loads = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def load(self, state: dict[str, Any], version: int) -> None:
+        """Serve ``state`` as policy ``version`` from the next call on."""
+        with self._lock:
+            self.model.load_state_dict(state)
+            self._version = version
+            self.loads += 1
+
+    def refresh(self, *, force: bool = False) -> bool:
+        if self.latest is None:
+            return False
+        now = time.monotonic()
+        if not force and now - self._last_check < self.refresh_interval_s:
+            return False
+        self._last_check = now
+        found = self.latest()
+        if found is None or found[0] <= self._version:
+            return False
+        version, checkpoint = found
+        self.load(load_model_state(checkpoint), version)
+        return True
+
+    def next_token_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [V] of the token after ``ids`` [n] (actor trunk only, causal mask)."""
+        import torch
+
+        n = int(ids.numel())
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
+        h = self.model.actor(ids, torch.arange(n), mask)
+        logits: torch.Tensor = self.model.lm_head(h[-1])
+        return logits
+
+    def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
+        import torch
+
+        self.refresh()
+        ids = _check_input(input_ids)
+        limit = self.config.max_position
+        if len(ids) + params.max_new_tokens > limit:
+            raise EngineError(f"{len(ids)} input + {params.max_new_tokens} new tokens exceed the model's "
+                              f"max_position {limit}")
+        t0 = time.perf_counter()
+        out: list[int] = []
+        lps: list[float] = []
+        finish = "length"
+        stop = set(params.stop_token_ids)
+        with self._lock, torch.inference_mode():
+            version = self._version
+            seq = torch.tensor(ids, dtype=torch.int64)
+            for _ in range(params.max_new_tokens):
+                logits = self.next_token_logits(seq).float()
+                model_logp = torch.log_softmax(logits, dim=-1)
+                sample_logp = _sampling_logprobs(logits, params.temperature, params.top_p)
+                token = int(torch.multinomial(sample_logp.exp(), 1, generator=self.generator))
+                lp = sample_logp[token] if self.logprob_mode == "sampling" else model_logp[token]
+                out.append(token)
+                lps.append(float(lp))
+                seq = torch.cat([seq, torch.tensor([token])])
+                if token in stop:
+                    finish = "stop"
+                    break
+        return Generation(
+            output_ids=np.asarray(out, dtype=np.int32),
+            logprobs=np.minimum(np.asarray(lps, dtype=np.float32), 0.0),
+            policy_version=version,
+            finish_reason=finish,
+            timings={"latency_s": time.perf_counter() - t0},
+        )
+
+
+def _sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probs [V] of the distribution sampled from: softmax(logits / T), restricted to the top-p nucleus."""
+    import torch
+
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    if top_p >= 1.0:
+        return logp
+    sorted_logp, order = torch.sort(logp, descending=True)
+    cum = sorted_logp.exp().cumsum(-1)
+    drop_sorted = (cum - sorted_logp.exp()) >= top_p  # keep the smallest prefix reaching top_p
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    masked = logp.masked_fill(drop, -float("inf"))
+    return torch.log_softmax(masked, dim=-1)
+
+
+class SGLangEngine(Engine):
+    """An SGLang server's native ``POST /generate`` with ``input_ids`` and ``return_logprob``.
+
+    Output ids and log-probs come from ``meta_info.output_token_logprobs`` (``[logprob,
+    token_id, text]`` per generated token). The serving version is ``meta_info.weight_version``
+    when the server reports an integer one, else the version this engine last pushed with
+    :meth:`update_weights_from_disk` (or ``policy_version`` given at construction).
+
+    ``latest`` works as for :class:`LocalTorchEngine`: when a newer version is published,
+    :meth:`refresh` asks the server to load its checkpoint (``/update_weights_from_disk``;
+    the checkpoint must then be in a format the server can load).
+    """
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        client: httpx.Client | None = None,
+        timeout_s: float = 600.0,
+        policy_version: int = 0,
+        latest: LatestPolicy | None = None,
+        refresh_interval_s: float = 1.0,
+        extra_request: dict[str, Any] | None = None,
+    ) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self._own_client = client is None
+        self.client = client or httpx.Client(timeout=timeout_s)
+        self._version = policy_version
+        self.latest = latest
+        self.refresh_interval_s = refresh_interval_s
+        self.extra_request = dict(extra_request or {})
+        self._last_check = -float("inf")
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        import httpx
+
+        try:
+            resp = self.client.post(f"{self.base_url}{path}", json=body)
+            resp.raise_for_status()
+            return resp.json()
+        except httpx.HTTPStatusError as exc:
+            raise EngineError(f"SGLang {path} answered HTTP {exc.response.status_code}: "
+                              f"{exc.response.text[:500]}") from exc
+        except httpx.HTTPError as exc:
+            raise EngineError(f"SGLang {path} request failed: {exc}") from exc
+        except ValueError as exc:
+            raise EngineError(f"SGLang {path} answered something that is not JSON: {exc}") from exc
+
+    def request_body(self, input_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+        """The ``/generate`` request for one call."""
+        return {
+            **self.extra_request,
+            "input_ids": _check_input(input_ids),
+            "sampling_params": params.to_dict(),
+            "return_logprob": True,
+            "stream": False,
+        }
+
+    def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
+        self.refresh()
+        t0 = time.perf_counter()
+        data = self._post("/generate", self.request_body(input_ids, params))
+        if isinstance(data, list):  # a batch answer to a single prompt
+            if len(data) != 1:
+                raise EngineError(f"expected one generation, got {len(data)}")
+            data = data[0]
+        return self.parse_response(data, latency_s=time.perf_counter() - t0)
+
+    def parse_response(self, data: Any, *, latency_s: float = 0.0) -> Generation:
+        """Map a ``/generate`` response to a :class:`Generation` (ids and log-probs from ``meta_info``)."""
+        meta = data.get("meta_info") if isinstance(data, dict) else None
+        if not isinstance(meta, dict):
+            raise EngineError("SGLang response has no meta_info object")
+        triples = meta.get("output_token_logprobs")
+        if not isinstance(triples, list) or not triples:
+            raise EngineError("SGLang response has no meta_info.output_token_logprobs "
+                              "(was return_logprob set? did it generate anything?)")
+        ids: list[int] = []
+        lps: list[float] = []
+        for i, item in enumerate(triples):
+            if not isinstance(item, list | tuple) or len(item) < 2 or item[0] is None or item[1] is None:
+                raise EngineError(f"output_token_logprobs[{i}] is {item!r}; expected [logprob, token_id, text]")
+            lps.append(float(item[0]))
+            ids.append(int(item[1]))
+        reason = meta.get("finish_reason")
+        finish = str(reason.get("type", "unknown")) if isinstance(reason, dict) else str(reason or "unknown")
+        version = self._version
+        wv = meta.get("weight_version")
+        if wv is not None:
+            with contextlib.suppress(TypeError, ValueError):
+                version = int(wv)
+        timings = {"latency_s": latency_s}
+        if isinstance(meta.get("e2e_latency"), int | float):
+            timings["server_latency_s"] = float(meta["e2e_latency"])
+        return Generation(
+            output_ids=np.asarray(ids, dtype=np.int32),
+            logprobs=np.minimum(np.asarray(lps, dtype=np.float32), 0.0),
+            policy_version=version,
+            finish_reason=finish,
+            timings=timings,
+        )
+
+    def update_weights_from_disk(self, checkpoint: str, version: int) -> None:
+        """Ask the server to serve ``checkpoint`` as ``version`` (``POST /update_weights_from_disk``)."""
+        data = self._post("/update_weights_from_disk", {"model_path": checkpoint, "weight_version": str(version)})
+        if isinstance(data, dict) and data.get("success") is False:
+            raise EngineError(f"SGLang refused to load {checkpoint}: {data.get('message', '')}")
+        self._version = version
+
+    def refresh(self, *, force: bool = False) -> bool:
+        if self.latest is None:
+            return False
+        now = time.monotonic()
+        if not force and now - self._last_check < self.refresh_interval_s:
+            return False
+        self._last_check = now
+        found = self.latest()
+        if found is None or found[0] <= self._version:
+            return False
+        self.update_weights_from_disk(found[1], found[0])
+        return True
+
+    def close(self) -> None:
+        if self._own_client:
+            self.client.close()
