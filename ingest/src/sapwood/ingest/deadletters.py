@@ -74,6 +74,7 @@ class DeadLetterPublisher:
         self._producer = KafkaProducer(
             bootstrap_servers=bootstrap, client_id=client_id, acks="all", enable_idempotence=True,
             linger_ms=5, max_block_ms=5000, max_request_size=TOPIC_PAYLOAD_LIMIT + 64 * 1024,
+            reconnect_backoff_max_ms=1000,
         )
 
     def publish(self, letters: list[DeadLetter]) -> None:

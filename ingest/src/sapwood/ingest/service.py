@@ -239,6 +239,7 @@ class IngestService:
             "max_partition_fetch_bytes": max(1024 * 1024, cfg.max_event_bytes + 64 * 1024),
             # a partition set missed by the first assignment is noticed within this delay (see _settle_group)
             "metadata_max_age_ms": 30_000,
+            "reconnect_backoff_max_ms": 1000,  # back within a second of a broker restart
         }
         consumer_config.update(cfg.consumer_config)
         self.consumer = KafkaConsumer(**consumer_config)

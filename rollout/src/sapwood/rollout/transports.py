@@ -291,6 +291,7 @@ class KafkaTransport(Transport):
             "request_timeout_ms": max(1000, min(30_000, int(delivery_timeout_s * 1000) - linger_ms - 1)),
             "max_block_ms": int(max_block_s * 1000),
             "max_in_flight_requests_per_connection": 5,
+            "reconnect_backoff_max_ms": 1000,  # back within a second of a broker restart
         }
         config.update(producer_config)
         try:
