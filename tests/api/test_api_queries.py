@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from api.api_helpers import Keys, TestClient, calls_of, latest_score, logical_trajectory, make_client
 from sapwood.platform import schema as t
@@ -145,6 +146,23 @@ def test_tree_limits_and_cache(client: TestClient, keys: Keys, writers: list[Exe
     r1 = client.get(url, headers=keys.headers("read"))
     r2 = client.get(url, headers={**keys.headers("read"), "If-None-Match": r1.headers["etag"]})
     assert r1.headers["x-sapwood-cache"] == "hit" and r2.status_code == 304
+
+
+def test_tree_of_an_unknown_execution(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
+    for suffix in ("tree", "tree/summary"):
+        body = get(client, keys, f"/v1/executions/00000000-0000-4000-8000-000000000000/{suffix}", 404)
+        assert body["error"]["code"] == "not_found"
+
+
+def test_tree_survives_lost_database_connections(client: TestClient, keys: Keys, pg_store: Store,
+                                                 writers: list[ExecutionWriter]) -> None:
+    url = f"/v1/executions/{writers[0].execution_id}/tree"
+    before = get(client, keys, url)
+    with pg_store.engine.connect() as conn:  # what a PostgreSQL restart does to idle connections
+        conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+    pg_store.engine.dispose()
+    assert get(client, keys, url) == before
 
 
 def test_tree_changes_after_a_score_revision(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
-from typing import TYPE_CHECKING, Annotated
+import socket
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -45,8 +47,30 @@ def serve(
     settings = ApiSettings()
     if migrate:
         _store(settings.database_url).migrate()
-    uvicorn.run("sapwood.api.main:create_app", factory=True, host=host or settings.api_host,
-                port=port or settings.api_port, workers=workers or settings.api_workers, log_level=log_level)
+    sock = listen_socket(host or settings.api_host, port or settings.api_port)
+    typer.echo(f"serving on http://{host or settings.api_host}:{sock.getsockname()[1]}", err=True)
+    extra: dict[str, Any] = {}
+    if "timeout_worker_healthcheck" in inspect.signature(uvicorn.run).parameters:
+        extra["timeout_worker_healthcheck"] = 60  # a busy machine can take longer than the 5 s default to import
+    uvicorn.run("sapwood.api.main:create_app", factory=True, fd=sock.fileno(),
+                workers=workers or settings.api_workers, log_level=log_level, access_log=log_level == "debug", **extra)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, with TCP_NODELAY (inherited by every accepted connection on Linux).
+
+    uvicorn's multi-worker mode shares a socket created without ``IPPROTO_TCP``, so asyncio skips
+    its automatic TCP_NODELAY and small responses wait ~40 ms for delayed ACKs (Nagle); binding
+    here and passing the descriptor avoids that for any worker count.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 @keys_app.command("create")

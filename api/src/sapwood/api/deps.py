@@ -19,6 +19,7 @@ from sapwood.api.errors import AuthenticationError
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.schemas import NO_NUL
 from sapwood.api.tokenizer import Tokenizer
+from sapwood.api.versions import VersionReader
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.store import Store, translate_errors
@@ -34,11 +35,20 @@ class Services:
     cache: ResponseCache
     tokenizer: Tokenizer | None
     lag: LagReader
+    versions: VersionReader
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
         """A connection for reads (rolled back on exit); driver errors are translated."""
         with translate_errors(), self.store.engine.connect() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        """A connection for reads whose statements all see one snapshot (REPEATABLE READ on PostgreSQL)."""
+        with translate_errors(), self.store.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
             yield conn
 
     @contextlib.contextmanager

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from sapwood.api.auth import KeyVerifier
 from sapwood.api.cache import ResponseCache
 from sapwood.api.config import ApiSettings
+from sapwood.api.db import open_store
 from sapwood.api.deps import Services
 from sapwood.api.errors import install_error_handlers
 from sapwood.api.middleware import BodySizeLimitMiddleware
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.routes import calls, executions, export, health, keys, nodes, runs, stats
 from sapwood.api.tokenizer import load_tokenizer
+from sapwood.api.versions import VersionReader
 from sapwood.platform.store import Store
 
 DESCRIPTION = """\
@@ -31,10 +36,16 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
     """Build the API over ``store`` (default: ``Store.open(settings.database_url)``)."""
     settings = settings or ApiSettings()
     if store is None:
-        store = Store.open(settings.database_url, migrate=settings.api_migrate,
-                           statement_timeout_ms=settings.statement_timeout_ms)
+        store = open_store(settings)
     docs = settings.api_docs
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await app.state.sapwood.versions.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="Sapwood API",
         version="1",
         description=DESCRIPTION,
@@ -49,6 +60,8 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
         cache=ResponseCache(settings.api_cache_bytes),
         tokenizer=load_tokenizer(settings.tokenizer),
         lag=LagReader(settings.kafka_bootstrap, timeout_s=settings.api_lag_timeout_s),
+        versions=VersionReader(store.engine, statement_timeout_ms=settings.statement_timeout_ms,
+                               max_idle=settings.api_db_pool_size),
     )
     install_error_handlers(app)
     if settings.api_cors_origins:

@@ -70,6 +70,15 @@ def execution_row(conn: Connection, execution_id: str) -> dict[str, Any]:
     return dict(row)
 
 
+def execution_version(conn: Connection, execution_id: str) -> int:
+    """``last_seq`` of the execution: every change to it is an event that bumps it (cache key)."""
+    seq = conn.execute(sa.select(t.executions.c.last_seq).where(t.executions.c.execution_id == execution_id)
+                       ).scalar_one_or_none()
+    if seq is None:
+        raise UnknownParentError(f"execution {execution_id} does not exist")
+    return int(seq)
+
+
 def execution_out(row: Any) -> dict[str, Any]:
     out = dict(row)
     out["sampling_params"] = out.get("sampling_params") or {}

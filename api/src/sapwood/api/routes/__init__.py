@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import Request, Response
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from sapwood.api.deps import Services
 from sapwood.api.schemas import ErrorOut
@@ -27,13 +28,16 @@ def dump(model: type[BaseModel], data: dict[str, Any]) -> bytes:
     return model.model_validate(data).model_dump_json().encode()
 
 
-def cached_json(request: Request, services: Services, key: Hashable, build: Callable[[], bytes]) -> Response:
-    """Serve an immutable JSON body from the response cache (ETag / If-None-Match aware)."""
+async def cached_json(request: Request, services: Services, key: Hashable, build: Callable[[], bytes]) -> Response:
+    """Serve an immutable JSON body from the response cache (ETag / If-None-Match aware).
+
+    A hit is answered on the event loop; only a miss runs ``build`` (blocking store reads) in the thread pool.
+    """
     hit = services.cache.get(key)
     state = "hit"
     if hit is None:
         state = "miss"
-        body = build()
+        body = await run_in_threadpool(build)
         hit = (body, {"ETag": '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"'})
         services.cache.put(key, hit)
     headers = {**hit[1], "X-Sapwood-Cache": state}

@@ -6,8 +6,9 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
-from sapwood.api.deps import ReadKey, ServicesDep
+from sapwood.api.deps import ReadKey, Services, ServicesDep
 from sapwood.api.queries import audit as q
 from sapwood.api.routes import AUTH_ERRORS, NOT_FOUND, cached_json, dump
 from sapwood.api.schemas import AuditOut
@@ -16,7 +17,7 @@ router = APIRouter(prefix="/v1/calls", tags=["audit"], responses=AUTH_ERRORS)
 
 
 @router.get("/{call_id}/audit", response_model=AuditOut, responses={**NOT_FOUND})
-def audit_call(
+async def audit_call(
     call_id: uuid.UUID,
     request: Request,
     services: ServicesDep,
@@ -36,7 +37,7 @@ def audit_call(
         with services.read() as conn:
             return dump(AuditOut, q.audit(conn, cid, tokenizer=services.tokenizer, tokens=tokens, text=text))
 
-    return cached_json(request, services, ("audit", cid, tokens, text), build)
+    return await cached_json(request, services, ("audit", cid, tokens, text), build)
 
 
 @router.get(
@@ -46,15 +47,14 @@ def audit_call(
                                   "content": {"application/octet-stream": {"schema": {"type": "string",
                                                                                       "format": "binary"}}}}},
 )
-def call_input_binary(call_id: uuid.UUID, services: ServicesDep, _key: ReadKey) -> Response:
+async def call_input_binary(call_id: uuid.UUID, services: ServicesDep, _key: ReadKey) -> Response:
     """The exact input as packed little-endian int32 (4 bytes per token), with the verification in headers:
     ``X-Sapwood-Recorded-Digest``, ``X-Sapwood-Computed-Digest``, ``X-Sapwood-Verified``."""
     cid = str(call_id)
     key = ("input.bin", cid)
     hit = services.cache.get(key)
     if hit is None:
-        with services.read() as conn:
-            rebuilt = q.rebuild_input(conn, q.call_row(conn, cid))
+        rebuilt = await run_in_threadpool(_rebuild, services, cid)
         hit = (rebuilt.token_ids.tobytes(), {
             "X-Sapwood-Recorded-Digest": rebuilt.recorded_digest,
             "X-Sapwood-Computed-Digest": rebuilt.computed_digest,
@@ -63,3 +63,8 @@ def call_input_binary(call_id: uuid.UUID, services: ServicesDep, _key: ReadKey) 
         })
         services.cache.put(key, hit)
     return Response(hit[0], media_type="application/octet-stream", headers=hit[1])
+
+
+def _rebuild(services: Services, call_id: str) -> q.RebuiltInput:
+    with services.read() as conn:
+        return q.rebuild_input(conn, q.call_row(conn, call_id))

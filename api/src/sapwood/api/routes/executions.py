@@ -45,7 +45,7 @@ def get_execution(execution_id: uuid.UUID, services: ServicesDep, _key: ReadKey)
 
 
 @router.get("/{execution_id}/tree", response_model=TreeOut, responses={**NOT_FOUND})
-def get_tree(
+async def get_tree(
     execution_id: uuid.UUID,
     request: Request,
     services: ServicesDep,
@@ -66,21 +66,29 @@ def get_tree(
     if max_nodes is not None and max_nodes > limit:
         raise ValidationError(f"max_nodes {max_nodes} is above the limit {limit} (SAPWOOD_API_TREE_MAX_NODES); "
                               "use /tree/summary or max_level for huge trees")
-    with services.read() as conn:
-        ex = trees.execution_row(conn, str(execution_id))
-        key = ("tree", ex["execution_id"], ex["last_seq"], max_nodes or limit, max_level)
-        return cached_json(request, services, key, lambda: dump(
-            TreeOut, trees.full_tree(conn, ex, max_nodes=max_nodes or limit, max_level=max_level)))
+    eid = str(execution_id)
+    version = await services.versions.version(eid)
+
+    def build() -> bytes:
+        with services.snapshot() as conn:
+            ex = trees.execution_row(conn, eid)
+            return dump(TreeOut, trees.full_tree(conn, ex, max_nodes=max_nodes or limit, max_level=max_level))
+
+    return await cached_json(request, services, ("tree", eid, version, max_nodes or limit, max_level), build)
 
 
 @router.get("/{execution_id}/tree/summary", response_model=TreeSummaryOut, responses={**NOT_FOUND})
-def get_tree_summary(execution_id: uuid.UUID, request: Request, services: ServicesDep, _key: ReadKey) -> Response:
+async def get_tree_summary(execution_id: uuid.UUID, request: Request, services: ServicesDep, _key: ReadKey) -> Response:
     """The tree with single-child chains collapsed: roots, segment roots, fork points, compacted summaries and
     leaves are kept; each edge between them reports the collapsed nodes, tokens by role and calls."""
-    with services.read() as conn:
-        ex = trees.execution_row(conn, str(execution_id))
-        key = ("summary", ex["execution_id"], ex["last_seq"])
-        return cached_json(request, services, key, lambda: dump(TreeSummaryOut, trees.tree_summary(conn, ex)))
+    eid = str(execution_id)
+    version = await services.versions.version(eid)
+
+    def build() -> bytes:
+        with services.snapshot() as conn:
+            return dump(TreeSummaryOut, trees.tree_summary(conn, trees.execution_row(conn, eid)))
+
+    return await cached_json(request, services, ("summary", eid, version), build)
 
 
 @router.get("/{execution_id}/trajectories", response_model=TrajectoryList, responses={**NOT_FOUND})
