@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import io
+import signal
+import socket
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
 
+import httpx
 import pyarrow.parquet as pq
 import typer
 from typer.testing import CliRunner
@@ -104,3 +109,46 @@ def test_ingest_lag_from_a_real_broker(pg_store: Store, kafka_bootstrap: str) ->
     assert stats["ingest_lag"] == 4 and stats["ingest_lag_reason"] is None
     [part] = stats["ingest_lag_partitions"]
     assert (part["topic"], part["next_offset"], part["end_offset"], part["lag"]) == (topic, 3, 7, 4)
+
+
+def test_listen_socket_sets_tcp_nodelay_for_accepted_connections() -> None:
+    from sapwood.api.cli import listen_socket
+
+    server = listen_socket("127.0.0.1", 0)
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        for s in (accepted, client, server):
+            s.close()
+
+
+def test_sapwood_serve_with_two_workers(pg_url: str) -> None:
+    store = Store.open(pg_url)
+    key = make_keys(store).read
+    store.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-c", "from sapwood.platform.cli import main; main()", "serve", "--database-url", pg_url,
+           "--port", str(port), "--workers", "2", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "sapwood serve did not become healthy"
+            time.sleep(0.3)
+        with httpx.Client(base_url=base, headers={"X-API-Key": key}) as c:
+            assert all(c.get("/v1/runs").status_code == 200 for _ in range(20))
+            assert c.get("/v1/keys").status_code == 403
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -46,7 +47,7 @@ def serve(
         os.environ["SAPWOOD_DATABASE_URL"] = database_url  # the workers build their app from the environment
     settings = ApiSettings()
     if migrate:
-        _store(settings.database_url).migrate()
+        _migrate(settings.database_url)
     sock = listen_socket(host or settings.api_host, port or settings.api_port)
     typer.echo(f"serving on http://{host or settings.api_host}:{sock.getsockname()[1]}", err=True)
     extra: dict[str, Any] = {}
@@ -54,6 +55,25 @@ def serve(
         extra["timeout_worker_healthcheck"] = 60  # a busy machine can take longer than the 5 s default to import
     uvicorn.run("sapwood.api.main:create_app", factory=True, fd=sock.fileno(),
                 workers=workers or settings.api_workers, log_level=log_level, access_log=log_level == "debug", **extra)
+
+
+def _migrate(database_url: str) -> None:
+    """Apply migrations; retried, since another service (ingest) may be running the same migration."""
+    from sapwood.platform.errors import StoreError
+    from sapwood.platform.store import Store
+
+    store = Store.open(database_url, migrate=False)
+    try:
+        for attempt in range(3):
+            try:
+                store.migrate()
+                return
+            except StoreError:
+                if attempt == 2:
+                    raise
+                time.sleep(1.0)
+    finally:
+        store.close()
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
