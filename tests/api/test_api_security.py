@@ -202,6 +202,9 @@ def test_cors_is_closed_by_default_and_follows_the_allow_list(pg_store: Store, k
     with make_client(pg_store, api_cors_origins="https://ui.example, https://other.example") as c:
         ok = c.get("/v1/runs", headers={**keys.headers("read"), "Origin": "https://ui.example"})
         assert ok.headers["access-control-allow-origin"] == "https://ui.example"
+        big = c.post("/v1/runs", headers={**keys.headers("write"), "Origin": "https://ui.example"},
+                     json={"description": "x" * (2 << 20)})
+        assert big.status_code == 413 and big.headers["access-control-allow-origin"] == "https://ui.example"
         assert "access-control-allow-origin" not in c.get("/v1/runs", headers=headers).headers
 
 

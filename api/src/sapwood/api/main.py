@@ -64,11 +64,11 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
                                max_idle=settings.api_db_pool_size),
     )
     install_error_handlers(app)
-    if settings.api_cors_origins:
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.api_max_body_bytes)
+    if settings.api_cors_origins:  # outermost, so that every response (also a 413) carries the CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=settings.api_cors_origins, allow_methods=["GET", "POST",
                            "DELETE"], allow_headers=["Authorization", "X-API-Key", "Content-Type"],
                            expose_headers=["ETag", "X-Sapwood-Verified"])
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.api_max_body_bytes)
     for module in (health, stats, runs, executions, nodes, calls, export, keys):
         app.include_router(module.router)
     return app

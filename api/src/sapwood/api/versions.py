@@ -35,9 +35,14 @@ class VersionReader:
 
     def _connect_kwargs(self) -> dict[str, Any]:
         u = self.engine.url
-        kw: dict[str, Any] = {k: v for k, v in u.query.items() if isinstance(v, str)}
-        kw.update(host=u.host or "127.0.0.1", port=u.port or 5432, dbname=u.database, autocommit=True,
-                  options=f"-c statement_timeout={self.statement_timeout_ms}")
+        kw: dict[str, Any] = {k: v for k, v in u.query.items() if isinstance(v, str)}  # e.g. host=/run/postgresql
+        kw.update(autocommit=True, options=f"-c statement_timeout={self.statement_timeout_ms}")
+        if u.host:
+            kw["host"] = u.host
+        if u.port:
+            kw["port"] = u.port
+        if u.database:
+            kw["dbname"] = u.database
         if u.username:
             kw["user"] = u.username
         if u.password:
