@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import typer
 from rich.console import Console
@@ -25,6 +25,10 @@ _PHASES = {"pretrain": "pre-training (v0)", "eval-start": "evaluating v0", "roll
 _ROWS = [
     ("reward_start", "mean reward at start (eval, policy v0)"),
     ("reward_end", "mean reward at end (eval, final policy)"),
+    ("summary_recall_start", "summary keeps remaining key, start (eval)"),
+    ("summary_recall_end", "summary keeps remaining key, end (eval)"),
+    ("invalid_actions_start", "invalid actions per execution, start (eval)"),
+    ("invalid_actions_end", "invalid actions per execution, end (eval)"),
     ("rollout_reward_first", "rollout reward, first window"),
     ("rollout_reward_last", "rollout reward, last window"),
     ("executions", "training executions"),
@@ -46,13 +50,6 @@ _ROWS = [
     ("seconds_async", "async phase seconds"),
     ("seconds_total", "total seconds"),
 ]
-
-#: Source figures of each ablation and the arm the sources found better.
-_SOURCE = {
-    "loss": ("token-level loss", "66.8 (token-level) vs 60.0 (without)"),
-    "summarizer": ("trained summarizer", "55.5 (trained) vs 49.0 (worse summarizer)"),
-}
-
 
 class _Display:
     """Rich progress bars fed by the demo's progress hook."""
@@ -92,13 +89,22 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _table(title: str, results: dict[str, DemoResult]) -> Table:
+def _table(title: str, results: dict[str, list[DemoResult]]) -> Table:
+    """One column per arm; figures averaged over the arm's seeds."""
     table = Table(title=title)
     table.add_column("figure")
-    for name in results:
-        table.add_column(name, justify="right")
+    for name, runs in results.items():
+        table.add_column(name if len(runs) == 1 else f"{name} (mean of {len(runs)} seeds)", justify="right")
     for key, label in _ROWS:
-        table.add_row(label, *(_fmt(r.summary.get(key)) for r in results.values()))
+        cells = []
+        for runs in results.values():
+            values = [r.summary.get(key) for r in runs]
+            nums = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            if len(values) > 1 and len(nums) == len(values):
+                cells.append(_fmt(sum(nums) / len(nums)))
+            else:
+                cells.append(_fmt(values[0]))
+        table.add_row(label, *cells)
     return table
 
 
@@ -115,8 +121,9 @@ def demo(
     out_dir: Annotated[Path | None, typer.Option(help="plots, checkpoints, summary (default: a temp dir)")] = None,
     loss: Annotated[str, typer.Option(help="loss aggregation: token | segment_mean")] = "token",
     frozen_summarizer: Annotated[bool, typer.Option(help="do not train summary tokens")] = False,
-    ablation: Annotated[str | None, typer.Option(help="run both arms side by side: loss | summarizer")] = None,
-    pretrain_steps: Annotated[int, typer.Option(help="supervised pre-training steps")] = 250,
+    ablation: Annotated[str | None, typer.Option(help="run arms side by side: loss | summarizer | all")] = None,
+    seeds: Annotated[int, typer.Option(help="ablations: run seeds SEED … SEED+N-1 per arm")] = 1,
+    pretrain_steps: Annotated[int, typer.Option(help="supervised pre-training steps")] = 300,
     max_backlog: Annotated[int, typer.Option(help="workers pause at this many untrained executions")] = 16,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     quiet: Annotated[bool, typer.Option(help="no progress bars or tables, only the JSON line")] = False,
@@ -131,14 +138,14 @@ def demo(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sapwood.platform.errors import ValidationError
-    from sapwood.rollout.demo import DemoConfig, run_ablation, run_demo
+    from sapwood.rollout.demo import DemoConfig, ablation_verdicts, run_ablation, run_demo
     from sapwood.rollout.pretrain import PretrainConfig
 
     if loss not in ("token", "segment_mean"):
         raise typer.BadParameter("--loss must be 'token' or 'segment_mean'")
     cfg = DemoConfig(seed=seed, workers=workers, executions=executions, max_seconds=max_seconds,
                      eval_executions=eval_executions, database_url=database_url, kafka_bootstrap=kafka,
-                     out_dir=out_dir, aggregation=loss,  # type: ignore[arg-type]
+                     out_dir=out_dir, aggregation=cast(Literal["token", "segment_mean"], loss),
                      train_summaries=not frozen_summarizer, torch_threads=threads, max_backlog=max_backlog,
                      pretrain=replace(PretrainConfig(), steps=pretrain_steps))
     try:
@@ -150,54 +157,43 @@ def demo(
     display = _Display(progress)
     if progress is not None:
         progress.start()
+    if seeds < 1:
+        raise typer.BadParameter("--seeds must be ≥ 1")
     try:
         if ablation:
-            def on_arm(name: str) -> None:
-                display.prefix = f"[{name}] "
+            def on_arm(name: str, arm_seed: int) -> None:
+                display.prefix = f"[{name}, seed {arm_seed}] "
 
-            results = run_ablation(cfg, ablation, hook=display, on_arm=on_arm)
+            results = run_ablation(cfg, ablation, seeds=list(range(seed, seed + seeds)), hook=display,
+                                   on_arm=on_arm)
         else:
-            results = {"demo": run_demo(cfg, hook=display)}
+            results = {"demo": [run_demo(cfg, hook=display)]}
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
     finally:
         if progress is not None:
             progress.stop()
     if ablation:
-        _report_ablation(ablation, results, quiet)
-        line: dict[str, Any] = {"ablation": ablation, "seed": seed, **_verdict(ablation, results),
-                                "arms": {k: v.summary for k, v in results.items()}}
+        verdicts = ablation_verdicts(results)
+        if not quiet:
+            console.print(_table(f"Ablation: {ablation} (seeds {seed}…{seed + seeds - 1})", results))
+            for v in verdicts:
+                console.print(
+                    f"{v['arm']}: baseline ends {v['delta_reward_end_mean']:+.4f} reward above it on average "
+                    f"(baseline better in {v['seeds_baseline_better']} of {len(v['seeds'])} seeds; gain difference "
+                    f"{v['delta_gain_mean']:+.4f}). Sources: {v['source']}. Direction "
+                    f"{'reproduced' if v['direction_reproduced'] else 'NOT reproduced'} here.")
+        line: dict[str, Any] = {"ablation": ablation, "seeds": list(range(seed, seed + seeds)),
+                                "comparisons": verdicts,
+                                "arms": {k: [r.summary for r in v] for k, v in results.items()}}
     else:
-        result = results["demo"]
+        result = results["demo"][0]
         if not quiet:
             console.print(_table(f"Sapwood demo (seed {seed})", results))
             for p in result.summary.get("plots", []):
                 console.print(f"plot: {p}")
         line = result.summary
     print(json.dumps(line), flush=True)
-
-
-def _verdict(kind: str, results: dict[str, DemoResult]) -> dict[str, Any]:
-    better, _ = _SOURCE[kind]
-    names = list(results)
-    other = next(n for n in names if n != better)
-    a, b = results[better].summary, results[other].summary
-    delta_end = a["reward_end"] - b["reward_end"]
-    gain_a = a["reward_end"] - a["reward_start"]
-    gain_b = b["reward_end"] - b["reward_start"]
-    return {"source_better_arm": better, "delta_reward_end": round(delta_end, 4),
-            "delta_gain": round(gain_a - gain_b, 4), "direction_reproduced": bool(delta_end > 0)}
-
-
-def _report_ablation(kind: str, results: dict[str, DemoResult], quiet: bool) -> None:
-    if quiet:
-        return
-    console.print(_table(f"Ablation: {kind}", results))
-    v = _verdict(kind, results)
-    better, source = _SOURCE[kind]
-    console.print(f"sources: {source}. Here: {better} ends {v['delta_reward_end']:+.4f} reward vs the other arm "
-                  f"(gain difference {v['delta_gain']:+.4f}); direction "
-                  f"{'reproduced' if v['direction_reproduced'] else 'NOT reproduced'} in this single-seed run.")
 
 
 def register(app: typer.Typer) -> None:

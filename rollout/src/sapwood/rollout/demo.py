@@ -56,7 +56,8 @@ from sapwood.rollout.tasks import KeyRecallConfig, KeyRecallEnv, KeyTask
 from sapwood.rollout.transports import InProcessTransport, KafkaTransport, Transport
 from sapwood.rollout.worker import ExecutionReport, RolloutWorker, run_execution
 
-__all__ = ["DemoConfig", "DemoResult", "ProgressHook", "run_ablation", "run_demo"]
+__all__ = ["ABLATIONS", "ARMS", "DemoConfig", "DemoResult", "ProgressHook", "ablation_verdicts", "run_ablation",
+           "run_demo"]
 
 TASK_FAMILY = "key-recall"
 
@@ -82,23 +83,36 @@ class DemoConfig:
     jmax: int = 8
     """At most this many trajectories of one execution per batch."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts (1: the logged π_rollout is the model's distribution)."""
     top_p: float = 1.0
+    """Nucleus sampling mass of the rollouts."""
     aggregation: Literal["token", "segment_mean"] = "token"
     """Loss aggregation: token-level (|M|) or the per-segment-mean ablation."""
     train_summaries: bool = True
-    """False freezes the summarizer (summary tokens stay in context but are not trained)."""
+    """False freezes the summarizer: summary calls are served by the pre-trained policy (version 0)
+    and their tokens are not trained, while actions use the newest policy (the sources' "swap only
+    the summarizer" ablation; zeroing the summary loss alone would still move the summarizer,
+    which shares its weights with the actor)."""
     actor_lr: float = 1e-3
+    """Actor learning rate (the learner's default 1e-4 suits bigger models; this one is tiny)."""
     critic_lr: float = 1e-3
+    """Critic learning rate."""
     critic_warmup_steps: int = 4
+    """Critic-only steps before the first policy update (SAO's critic warm-up)."""
     lam: float = 0.999
+    """GAE lambda (cross-trajectory GAE discounts earlier segments by ``lam ** tokens after them``)."""
     task: KeyRecallConfig = field(default_factory=KeyRecallConfig)
     """The task family."""
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     """Supervised warm start (policy version 0)."""
     d_model: int = 64
+    """Width of the ``TinyActorCritic``."""
     n_heads: int = 4
+    """Attention heads."""
     n_layers: int = 2
+    """Transformer blocks per trunk (actor and critic)."""
     d_ff: int = 128
+    """MLP width."""
     database_url: str | None = None
     """Store URL; None: a SQLite file in ``out_dir``."""
     kafka_bootstrap: str | None = None
@@ -107,9 +121,13 @@ class DemoConfig:
     """Plots, checkpoints and summary; None: a new temporary directory."""
     torch_threads: int = 1
     """torch intra-op threads (tiny tensors: more threads only add contention)."""
+    keep_checkpoints: int = 4
+    """Checkpoints kept besides version 0 (older ones are deleted as training goes; the
+    ``policy_published`` events keep their paths for the audit trail)."""
     keep_calls: bool = False
     """Keep every call's exact input/output in the reports (tests compare them with the store)."""
     plots: bool = True
+    """Write ``reward.png`` and ``lag.png``."""
 
     def model_config(self) -> TinyTransformerConfig:
         return TinyTransformerConfig(vocab_size=self.task.vocab_size, d_model=self.d_model, n_heads=self.n_heads,
@@ -127,6 +145,8 @@ class DemoConfig:
     def validate(self) -> None:
         if self.workers < 1 or self.executions < 1 or self.eval_executions < 0:
             raise ValidationError("workers and executions must be ≥ 1, eval_executions ≥ 0")
+        if self.keep_checkpoints < 1:
+            raise ValidationError("keep_checkpoints must be ≥ 1 (workers load the newest)")
         if self.max_backlog < 1 or self.executions_per_batch < 1:
             raise ValidationError("max_backlog and executions_per_batch must be ≥ 1")
         if self.aggregation not in ("token", "segment_mean"):
@@ -198,15 +218,18 @@ def eval_tasks(cfg: DemoConfig) -> list[KeyTask]:
 
 
 def evaluate(cfg: DemoConfig, engine: LocalTorchEngine, recorder: Recorder, tasks: list[KeyTask], phase: str,
-             hook: ProgressHook | None = None) -> list[ExecutionReport]:
+             hook: ProgressHook | None = None, summary_engine: LocalTorchEngine | None = None,
+             ) -> list[ExecutionReport]:
     """Play ``tasks`` once each with a fixed engine (same sampling seeds at start and end)."""
     env = KeyRecallEnv(cfg.task)
     out = []
     for i, task in enumerate(tasks):
         rng = np.random.default_rng([cfg.seed, 104729, i])
         engine.generator.manual_seed(cfg.seed * 1_000_003 + i)
+        if summary_engine is not None:
+            summary_engine.generator.manual_seed(cfg.seed * 1_000_033 + i)
         out.append(run_execution(env, engine, recorder, task, rng, temperature=cfg.temperature, top_p=cfg.top_p,
-                                 fork=False, run_metadata={"phase": phase}))
+                                 fork=False, run_metadata={"phase": phase}, summary_engine=summary_engine))
         if hook is not None:
             hook(phase, i + 1, len(tasks), {"reward": float(np.mean([r.reward for r in out]))})
     return out
@@ -419,9 +442,12 @@ class _Demo:
             for i in range(cfg.workers):
                 engine = LocalTorchEngine(model_cfg, state=state0, policy_version=0, latest=latest,
                                           refresh_interval_s=0.05, seed=cfg.seed * 1000 + i)
+                frozen = None if cfg.train_summaries else LocalTorchEngine(model_cfg, state=state0, policy_version=0,
+                                                                           seed=cfg.seed * 1000 + 500 + i)
                 workers.append(RolloutWorker(i, self.env, engine, recorder, seed=cfg.seed * 1000 + 17 * i + 1,
                                              temperature=cfg.temperature, top_p=cfg.top_p, gate=self._gate,
-                                             on_report=self._on_report, keep_calls=cfg.keep_calls))
+                                             on_report=self._on_report, keep_calls=cfg.keep_calls,
+                                             summary_engine=frozen))
             t_rl = time.perf_counter()
             learner_thread.start()
             for w in workers:
@@ -440,12 +466,16 @@ class _Demo:
             if learner_thread.error is not None:
                 raise learner_thread.error
             rl_s = time.perf_counter() - t_rl
+            self._prune_checkpoints()
 
             # -- evaluation of the final policy --
             final_state = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
             engine1 = LocalTorchEngine(model_cfg, state=final_state, policy_version=backend.policy_version,
                                        seed=cfg.seed)
-            eval_end = evaluate(cfg, engine1, eval_recorder, tasks, "eval-end", self._progress)
+            engine1_summary = None if cfg.train_summaries else LocalTorchEngine(model_cfg, state=state0,
+                                                                               policy_version=0, seed=cfg.seed + 1)
+            eval_end = evaluate(cfg, engine1, eval_recorder, tasks, "eval-end", self._progress,
+                                summary_engine=engine1_summary)
             eval_recorder.flush()
             self._wait_for_store(store, self.eval_run, 2 * len(tasks), ingest, 60)
             stats = store.stats()
@@ -512,11 +542,19 @@ class _Demo:
             if all(not w.is_alive() for w in workers):
                 errors = [e for w in workers for e in w.errors]
                 raise RuntimeError(f"every rollout worker stopped; first error: {errors[0] if errors else None!r}")
+            self._prune_checkpoints()
             if row["started"] >= cfg.executions and row["in_flight"] <= 0:
                 return False
             if row["t"] > cfg.max_seconds:
                 return True
             time.sleep(0.25)
+
+    def _prune_checkpoints(self) -> None:
+        """Delete all but the newest ``keep_checkpoints`` checkpoints (version 0 stays)."""
+        found = sorted((self.out_dir / "checkpoints").glob("policy-v*.pt"))
+        for path in found[1 : max(1, len(found) - self.cfg.keep_checkpoints)]:
+            if path.name != "policy-v000000.pt":
+                path.unlink(missing_ok=True)
 
     def _drain(self, learner_thread: _LearnerThread, store: Store, t_rl: float) -> None:
         """Let the learner train what is left of the backlog (bounded by ``max_backlog``)."""
@@ -559,6 +597,10 @@ class _Demo:
             "rollout_reward_first": mean([r.reward for r in reps[:window]]),
             "rollout_reward_last": mean([r.reward for r in reps[-window:]]),
             "rollout_window": window,
+            "summary_recall_start": mean([x for r in eval_start for x in r.summary_recall]),
+            "summary_recall_end": mean([x for r in eval_end for x in r.summary_recall]),
+            "invalid_actions_start": mean([float(r.invalid_actions) for r in eval_start]),
+            "invalid_actions_end": mean([float(r.invalid_actions) for r in eval_end]),
             "executions": len(reps),
             "trajectories": sum(len(r.leaf_scores) for r in reps),
             "generated_tokens": sum(r.generated_tokens for r in reps),
@@ -618,24 +660,70 @@ def run_demo(cfg: DemoConfig | None = None, *, hook: ProgressHook | None = None)
     return _Demo(cfg or DemoConfig(), hook).run()
 
 
-ABLATIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    "loss": [("token-level loss", {"aggregation": "token"}), ("per-segment mean", {"aggregation": "segment_mean"})],
-    "summarizer": [("trained summarizer", {"train_summaries": True}),
-                   ("frozen summarizer", {"train_summaries": False})],
+#: Ablation arms: name → changes to the base configuration ("baseline" is the base itself).
+ARMS: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "segment-mean loss": {"aggregation": "segment_mean"},
+    "frozen summarizer": {"train_summaries": False},
+}
+#: Ablation → its arms; each non-baseline arm is compared with the baseline.
+ABLATIONS: dict[str, list[str]] = {
+    "loss": ["baseline", "segment-mean loss"],
+    "summarizer": ["baseline", "frozen summarizer"],
+    "all": ["baseline", "segment-mean loss", "frozen summarizer"],
+}
+#: What the sources measured for each ablated arm (baseline better in both).
+SOURCE_FIGURES: dict[str, str] = {
+    "segment-mean loss": "CompactionRL: 66.8 with token-level loss vs 60.0 without",
+    "frozen summarizer": "CompactionRL: 55.5 with the trained summarizer vs 49.0 with a worse one",
 }
 
 
-def run_ablation(cfg: DemoConfig, kind: str, *, hook: ProgressHook | None = None,
-                 on_arm: Callable[[str], None] | None = None) -> dict[str, DemoResult]:
-    """Run each arm of ablation ``kind`` (``loss`` or ``summarizer``) with the same seed and start policy."""
+def run_ablation(cfg: DemoConfig, kind: str, *, seeds: list[int] | None = None, hook: ProgressHook | None = None,
+                 on_arm: Callable[[str, int], None] | None = None) -> dict[str, list[DemoResult]]:
+    """Run every arm of ablation ``kind`` for each seed (same seed ⇒ same tasks and start policy).
+
+    Returns arm name → one result per seed.
+    """
     if kind not in ABLATIONS:
         raise ValidationError(f"unknown ablation {kind!r}; expected one of {sorted(ABLATIONS)}")
-    out: dict[str, DemoResult] = {}
+    out: dict[str, list[DemoResult]] = {name: [] for name in ABLATIONS[kind]}
     base = cfg.out_dir
-    for name, change in ABLATIONS[kind]:
-        if on_arm is not None:
-            on_arm(name)
-        arm_dir = (Path(base) / name.replace(" ", "-")) if base else None
-        out[name] = run_demo(replace(cfg, **change, out_dir=arm_dir), hook=hook)
+    for seed in seeds or [cfg.seed]:
+        for name in ABLATIONS[kind]:
+            if on_arm is not None:
+                on_arm(name, seed)
+            arm_dir = (Path(base) / f"seed{seed}-{name.replace(' ', '-')}") if base else None
+            out[name].append(run_demo(replace(cfg, **ARMS[name], seed=seed, out_dir=arm_dir), hook=hook))
     return out
 
+
+def ablation_verdicts(results: dict[str, list[DemoResult]]) -> list[dict[str, Any]]:
+    """Compare each ablated arm with the baseline: final reward and gain, per seed and on average.
+
+    ``direction_reproduced`` is True when the baseline ends higher on average (the sources' direction).
+    """
+    base = results["baseline"]
+    verdicts = []
+    for name, arm in results.items():
+        if name == "baseline":
+            continue
+        d_end = [b.summary["reward_end"] - a.summary["reward_end"] for b, a in zip(base, arm, strict=True)]
+        d_gain = [(b.summary["reward_end"] - b.summary["reward_start"]) - (a.summary["reward_end"]
+                  - a.summary["reward_start"]) for b, a in zip(base, arm, strict=True)]
+        d_roll = [b.summary["rollout_reward_last"] - a.summary["rollout_reward_last"]
+                  for b, a in zip(base, arm, strict=True)]
+        verdicts.append({
+            "arm": name,
+            "source": SOURCE_FIGURES.get(name, ""),
+            "seeds": [b.summary["seed"] for b in base],
+            "baseline_reward_end": [b.summary["reward_end"] for b in base],
+            "arm_reward_end": [a.summary["reward_end"] for a in arm],
+            "delta_reward_end": [round(x, 4) for x in d_end],
+            "delta_reward_end_mean": round(float(np.mean(d_end)), 4),
+            "delta_gain_mean": round(float(np.mean(d_gain)), 4),
+            "delta_rollout_last_mean": round(float(np.mean(d_roll)), 4),
+            "seeds_baseline_better": int(sum(x > 0 for x in d_end)),
+            "direction_reproduced": bool(np.mean(d_end) > 0),
+        })
+    return verdicts

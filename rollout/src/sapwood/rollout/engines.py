@@ -215,7 +215,11 @@ class LocalTorchEngine(Engine):
         if found is None or found[0] <= self._version:
             return False
         version, checkpoint = found
-        self.load(load_model_state(checkpoint), version)
+        try:
+            state = load_model_state(checkpoint)
+        except FileNotFoundError:  # pruned or not visible yet: keep serving the current version
+            return False
+        self.load(state, version)
         return True
 
     def next_token_logits(self, ids: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ __all__ = ["PretrainConfig", "PretrainResult", "demonstration", "pack_sequences"
 class PretrainConfig:
     """Supervised warm start."""
 
-    steps: int = 250
+    steps: int = 300
     """Optimizer steps."""
     batch_size: int = 16
     """Demonstration executions per step."""
@@ -33,7 +33,7 @@ class PretrainConfig:
     """Peak AdamW learning rate (linear warm-up over 20 steps, then linear decay to 10 %)."""
     noise: DemoNoise = field(default_factory=DemoNoise)
     """How imperfect the demonstrations are (at the end of pre-training)."""
-    clean_fraction: float = 0.6
+    clean_fraction: float = 0.7
     """The first ``clean_fraction`` of the steps use perfect demonstrations, the rest ``noise``:
     the copying mechanism forms quickly on clean data, and the policy ends up imitating the
     imperfect demonstrator (the room RL has to improve)."""

@@ -195,6 +195,8 @@ class BranchState:
     invalid: int = 0
     graded: list[bool] = field(default_factory=list)
     """Per graded slot: correct or not."""
+    summary_recall: list[float] = field(default_factory=list)
+    """Per compaction: fraction of the not-yet-graded key slots the summary kept, in place."""
 
     @property
     def done(self) -> bool:
@@ -251,6 +253,9 @@ class KeyRecallEnv:
         body = body[: c.max_summary_tokens]
         if c.fixed_layout:
             body = body[: c.max_key]
+        rest = state.task.key[state.slot :]
+        if rest:
+            state.summary_recall.append(sum(a == b for a, b in zip(body, rest, strict=False)) / len(rest))
         state.context = [BOS, CONT, MEM_OPEN, *self._pad(body), MEM_CLOSE]
         state.visible = body
         state.cursor = 0
@@ -304,9 +309,9 @@ class DemoNoise:
 
     wrong_action: float = 0.25
     """Probability that an action is a random symbol instead of the one the context points at."""
-    invalid_action: float = 0.05
+    invalid_action: float = 0.02
     """Probability that an action is a noise token (INVALID: wastes a turn)."""
-    summary_substitute: float = 0.08
+    summary_substitute: float = 0.05
     """Per copied symbol: probability it is replaced by a random symbol."""
     summary_truncate: float = 0.3
     """Probability that a summary stops early, after a uniform number of the remaining symbols."""

@@ -25,7 +25,7 @@ import numpy as np
 from sapwood.platform.events import ModelCall
 from sapwood.rollout.engines import Engine, Generation, SamplingParams
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
-from sapwood.rollout.tasks import SUM_END, BranchState, KeyRecallEnv, KeyTask
+from sapwood.rollout.tasks import INVALID, SUM_END, BranchState, KeyRecallEnv, KeyTask
 
 __all__ = ["ExecutionReport", "RecordedCall", "RolloutWorker", "run_execution"]
 
@@ -52,6 +52,8 @@ class ExecutionReport:
     compactions: int = 0
     forks: int = 0
     invalid_actions: int = 0
+    summary_recall: list[float] = field(default_factory=list)
+    """Per compaction: fraction of the remaining key slots its summary kept in place."""
     policy_versions: list[int] = field(default_factory=list)
     """Version that served each call, in call order."""
     tokens_per_version: dict[int, int] = field(default_factory=dict)
@@ -76,16 +78,18 @@ class RecordedCall:
 
 
 class _Episode:
-    def __init__(self, env: KeyRecallEnv, engine: Engine, ex: ExecutionRecorder, rng: np.random.Generator,
-                 temperature: float, top_p: float, report: ExecutionReport) -> None:
+    def __init__(self, env: KeyRecallEnv, engine: Engine, summary_engine: Engine, ex: ExecutionRecorder,
+                 rng: np.random.Generator, temperature: float, top_p: float, report: ExecutionReport) -> None:
         c = env.config
         self.env, self.engine, self.ex, self.rng, self.report = env, engine, ex, rng, report
+        self.summary_engine = summary_engine
         self.action_params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=1)
         self.summary_params = SamplingParams(temperature=temperature, top_p=top_p,
                                              max_new_tokens=c.max_summary_tokens, stop_token_ids=(SUM_END,))
 
     def _call(self, input_ids: list[int], params: SamplingParams, kind: str, head: str) -> tuple[ModelCall, Generation]:
-        gen = self.engine.generate(input_ids, params)
+        engine = self.summary_engine if kind == "summary" else self.engine
+        gen = engine.generate(input_ids, params)
         call = self.ex.call(input_ids, gen.output_ids, gen.logprobs, kind=kind, policy_version=gen.policy_version,
                             finish_reason=gen.finish_reason, timings=gen.timings, sampling_params=params.to_dict(),
                             after=head)
@@ -107,7 +111,9 @@ class _Episode:
             if env.needs_summary(state):
                 call, gen = self._call(env.summary_input(state), self.summary_params, "summary", head)
                 self.report.summary_calls += 1
+                kept = len(state.summary_recall)
                 context = env.compact(state, gen.output_ids.tolist())
+                self.report.summary_recall += state.summary_recall[kept:]
                 head = self.ex.compact(context, summary=call).root_node_id
                 self.report.compactions += 1
                 continue
@@ -121,6 +127,7 @@ class _Episode:
                 return leaves
             call, gen = self._call(list(state.context), self.action_params, "action", head)
             obs = env.act(state, gen.output_ids.tolist(), self.rng)
+            self.report.invalid_actions += int(obs[0] == INVALID)
             head = self.ex.node(self.ex.observe(obs, after=call, source="tool"))
         return [(head, state)]
 
@@ -138,6 +145,7 @@ def run_execution(
     worker: int = 0,
     keep_calls: bool = False,
     run_metadata: dict[str, Any] | None = None,
+    summary_engine: Engine | None = None,
 ) -> ExecutionReport:
     """Play and record one execution of ``task``; returns what happened.
 
@@ -145,6 +153,8 @@ def run_execution(
         fork: force (True) or forbid (False) a fork; None draws it with ``fork_prob``.
         keep_calls: keep every call's exact input/output in ``report.call_log``.
         run_metadata: extra execution metadata.
+        summary_engine: serves the summary calls (default: ``engine``); e.g. a fixed older
+            policy, to swap only the summarizer while actions use the newest policy.
     """
     c = env.config
     state = env.reset(task)
@@ -159,13 +169,12 @@ def run_execution(
                                  leaf_scores=[], partial_score=None, started_at=started, worker=worker,
                                  call_log=[] if keep_calls else None)
         assert ex.head is not None
-        episode = _Episode(env, engine, ex, rng, temperature, top_p, report)
+        episode = _Episode(env, engine, summary_engine or engine, ex, rng, temperature, top_p, report)
         leaves = episode.branch(state, ex.head, fork_turn)
         scores = [env.score(s) for _, s in leaves]
         timed_out = [env.timed_out(s) for _, s in leaves]
         reward = float(np.mean(scores))
         report.leaf_scores = scores
-        report.invalid_actions = sum(s.invalid for _, s in leaves)
         report.reward = reward
         report.status = "timeout" if any(timed_out) else "success"
         if report.status == "timeout":
@@ -203,6 +212,7 @@ class RolloutWorker(threading.Thread):
         on_report: Callable[[ExecutionReport], None] | None = None,
         max_executions: int | None = None,
         keep_calls: bool = False,
+        summary_engine: Engine | None = None,
     ) -> None:
         super().__init__(name=f"rollout-worker-{index}", daemon=True)
         self.index = index
@@ -213,6 +223,7 @@ class RolloutWorker(threading.Thread):
         self.on_report = on_report
         self.max_executions = max_executions
         self.keep_calls = keep_calls
+        self.summary_engine = summary_engine
         self.executions = 0
         self.errors: list[BaseException] = []
         self.waited_s = 0.0
@@ -238,7 +249,7 @@ class RolloutWorker(threading.Thread):
             try:
                 report = run_execution(self.env, self.engine, self.recorder, task, self.rng,
                                        temperature=self.temperature, top_p=self.top_p, worker=self.index,
-                                       keep_calls=self.keep_calls)
+                                       keep_calls=self.keep_calls, summary_engine=self.summary_engine)
             except Exception as exc:  # recorded as an error execution by the recorder's context manager
                 log.exception("worker %d: execution of %s failed", self.index, task.task_id)
                 self.errors.append(exc)
