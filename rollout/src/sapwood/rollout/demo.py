@@ -363,12 +363,6 @@ class _Demo:
                                      metadata={"source": "supervised pre-training", "seed": self.cfg.seed})])
         return str(path)
 
-    def _finished_in_store(self, store: Store) -> int:
-        c = t.executions.c
-        with store.transaction() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).where(
-                c.run_id == self.rollout_run, c.status.in_(runs.FINISHED))).scalar_one())
-
     def _wait_for_store(self, store: Store, run_id: str, n: int, ingest: _Ingest | None, timeout_s: float) -> None:
         """Kafka mode: wait until the ingest service has stored ``n`` finished executions of ``run_id``."""
         if ingest is None:

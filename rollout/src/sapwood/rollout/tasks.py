@@ -24,17 +24,26 @@ Token layout (``KeyRecallConfig`` defaults: 16 symbols, 32 noise tokens, vocab 6
     8 SUM_END  9 OK  10 WRONG  11 INVALID  12 NONE  13 CONT  14, 15 spare
     16 … 16+n_symbols-1 symbols;  then n_noise noise tokens
 
-Contexts::
+Contexts (``fixed_layout``: the list is padded to ``max_key`` slots)::
 
-    segment 0:  BOS TASK KEY_OPEN s_0 … s_{K-1} KEY_CLOSE  (a obs)*  [SUM_REQ → summary]
-    segment k:  BOS CONT MEM_OPEN summary… MEM_CLOSE         (a obs)*  [SUM_REQ → summary]
+    segment 0:  BOS TASK KEY_OPEN s_0 … s_{K-1} PAD… KEY_CLOSE  (a obs)*  [SUM_REQ → summary END]
+    segment k:  BOS CONT MEM_OPEN summary…      PAD… MEM_CLOSE  (a obs)*  [SUM_REQ → summary END]
 
-Why it is learnable by a 2-layer transformer: every decision is "copy the list element
-after the one named by the last ``ref``" (an induction-head pattern), the first action of a
-segment copies the first list element, and a summary is the same copy continued until
-the list ends (then ``SUM_END``). An untrained policy emits random tokens (mostly invalid:
-reward ≈ 0); a policy pre-trained briefly on imperfect demonstrations (:func:`teacher_action`,
-:func:`teacher_summary`) starts in the middle, which leaves RL room to improve.
+With the defaults (64-token window, 5 tokens per turn, 16 reserved for the summary) a
+segment holds 6 turns, so a key of 7–14 symbols needs a compaction, and keys of 13–14 always
+run out of the 12-turn budget (timeouts graded by partial progress), as does any trajectory
+that wastes turns on invalid actions.
+
+Why a tiny model can learn it: the list always sits at the same positions and every turn
+adds the same number of tokens, so "the next symbol" is the list slot at a position fixed by
+the number of graded turns, and a summary copies the slots from there to the end of the list
+(then ``SUM_END``) — positional look-ups that two attention layers learn in a few hundred
+supervised steps (without padding an induction head is needed, which takes much longer).
+An invalid action breaks that arithmetic (the slot does not advance), so the ``ref`` in the
+observation is also there to re-synchronise on. An untrained policy emits random tokens,
+mostly invalid (reward ≈ 0); the demo's policy starts from brief supervised pre-training on
+imperfect demonstrations (:func:`teacher_action`, :func:`teacher_summary`), which leaves RL
+room to improve both the actions and the summaries.
 """
 
 from __future__ import annotations

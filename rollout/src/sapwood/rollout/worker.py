@@ -52,6 +52,8 @@ class ExecutionReport:
     compactions: int = 0
     forks: int = 0
     invalid_actions: int = 0
+    engine_seconds: float = 0.0
+    """Wall time spent inside engine calls (the rest of the execution is recording and environment)."""
     summary_recall: list[float] = field(default_factory=list)
     """Per compaction: fraction of the remaining key slots its summary kept in place."""
     policy_versions: list[int] = field(default_factory=list)
@@ -89,7 +91,9 @@ class _Episode:
 
     def _call(self, input_ids: list[int], params: SamplingParams, kind: str, head: str) -> tuple[ModelCall, Generation]:
         engine = self.summary_engine if kind == "summary" else self.engine
+        t0 = time.perf_counter()
         gen = engine.generate(input_ids, params)
+        self.report.engine_seconds += time.perf_counter() - t0
         call = self.ex.call(input_ids, gen.output_ids, gen.logprobs, kind=kind, policy_version=gen.policy_version,
                             finish_reason=gen.finish_reason, timings=gen.timings, sampling_params=params.to_dict(),
                             after=head)
