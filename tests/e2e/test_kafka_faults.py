@@ -99,6 +99,7 @@ def test_ingest_killed_repeatedly_loses_and_duplicates_nothing(pg_url: str, kafk
         producer.join(60)
         assert producer.error is None, producer.error
         wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, group), 90, "ingest to catch up")
+        wait_until(partial(ready, seen, proc), 60, "the last ingest process to get partitions")
         assert proc.terminate(30) == 0
     finally:
         proc.ensure_dead()

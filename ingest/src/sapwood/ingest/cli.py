@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from typing import Annotated, Any
 
 import typer
@@ -26,6 +27,19 @@ def ingest(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
     """Consume TITO events from Kafka into the store, exactly once (offsets live in the store)."""
+    # Handle SIGTERM from the first moment: a stop requested during start-up is honoured
+    # as soon as the service exists (exit 0), instead of the default abrupt termination.
+    stop_requested = threading.Event()
+    services: list[Any] = []
+
+    def _stop(signum: int, _frame: Any) -> None:
+        logging.getLogger(__name__).info("signal %d: finishing the current batch", signum)
+        stop_requested.set()
+        for svc in services:
+            svc.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     from sapwood.ingest.service import IngestConfig, IngestService
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -39,13 +53,9 @@ def ingest(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     service = IngestService(config)
-
-    def _stop(signum: int, _frame: Any) -> None:
-        logging.getLogger(__name__).info("signal %d: finishing the current batch", signum)
+    services.append(service)
+    if stop_requested.is_set():
         service.stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
     service.run()
     s = service.stats
     typer.echo(f"ingest stopped: {s.events} events, {s.tokens} tokens, {s.dead_letters} dead letters, "
