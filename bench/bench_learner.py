@@ -1,0 +1,166 @@
+"""Learner benchmark: does the learner wait on data, and what does training on the tree save?
+
+Part 1 — data wait. Fork-heavy executions are loaded into a store (embedded SQLite by
+default), a live run is created, and a learner with background prefetch trains on it. For
+every step after the first it records the time spent waiting for the next batch and the
+step time; it reports batch assembly tokens/s and the wait share (target ≤ 5 % of a step).
+
+Part 2 — tree vs flattened. One fork-heavy batch (a long shared prefix continued many ways)
+is trained with one forward/backward pass over its unique tokens (tree attention mask) and
+with the flattened per-trajectory computation; it reports the dedup ratio (flattened tokens
+÷ unique tokens) and the speed-up (target ≥ 0.7 × dedup ratio).
+
+    python bench/bench_learner.py
+
+The last stdout line is a JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import track
+
+from sapwood.learner.batch import flatten
+from sapwood.learner.config import CriticConfig, LearnerConfig
+from sapwood.learner.loop import Learner
+from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend, flat_forward, tree_forward
+from sapwood.learner.source import SourceConfig, build_batch
+from sapwood.learner.trainer import SAOTrainer
+from sapwood.platform import runs
+from sapwood.platform.store import Store
+from sapwood.platform.synthetic import SynthConfig, synthetic_execution
+from sapwood.platform.writer import ExecutionWriter
+
+console = Console(stderr=True)
+VOCAB = 512
+
+
+def data_wait(store: Store, *, executions: int, steps: int) -> dict[str, Any]:
+    cfg = SynthConfig(calls=10, forks=3, fork_depth=2, segments=2, obs_min=20, obs_max=60, out_min=10, out_max=30,
+                      system_tokens=60, task_tokens=20, template_tokens=3, summary_tokens=12, vocab_size=VOCAB)
+    for i in track(range(executions), description="loading executions", console=console):
+        store.apply(synthetic_execution(SynthConfig(**{**cfg.__dict__, "seed": i}), run_id="bench").events)
+    with store.transaction() as conn:
+        runs.create_run(conn, "bench-train", runs.ExecutionFilter(run_id="bench"), kind="live")
+    torch.manual_seed(0)
+    backend = TorchBackend(TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB)))
+    trainer = SAOTrainer(backend, LearnerConfig(critic=CriticConfig(warmup_steps=2)))
+    learner = Learner(store, "bench-train", trainer, prefetch=True,
+                      source_config=SourceConfig(executions_per_batch=2))
+    history = []
+    for _ in track(range(steps), description="training", console=console):
+        m = learner.step(timeout_s=5.0)
+        if m is None:
+            break
+        history.append(m)
+    learner.close()
+    steady = history[1:]  # the first batch cannot have been prefetched
+    wait = sum(m["learner/wait_s"] for m in steady)
+    step = sum(m["learner/step_s"] for m in steady)
+    tokens = sum(m["train/unique_tokens"] for m in history)
+    assembly = sum(m["learner/assembly_s"] for m in history)
+    return {
+        "steps": len(history),
+        "batch_tokens_mean": round(tokens / len(history), 1),
+        "assembly_tokens_per_s": round(tokens / assembly),
+        "step_s_median": round(statistics.median(m["learner/step_s"] for m in steady), 4),
+        "wait_s_median": round(statistics.median(m["learner/wait_s"] for m in steady), 5),
+        "wait_share_of_step": round(wait / (wait + step), 4),
+    }
+
+
+def fork_heavy_batch(store: Store, *, prefix: int, ways: int, branch: int) -> Any:
+    rng = np.random.default_rng(0)
+    w = ExecutionWriter(run_id="forks", task_id="t", vocab_size=VOCAB)
+    w.start()
+    root = w.prompt(rng.integers(0, VOCAB, prefix)).node_id
+    first = w.call(root, [1], rng.integers(0, VOCAB, 64), -rng.random(64))
+    obs = w.observe(first.output_node_id, rng.integers(0, VOCAB, 64)).node_id
+    w.fork(obs, ways)
+    for _ in range(ways):
+        w.call(obs, [2], rng.integers(0, VOCAB, branch), -rng.random(branch))
+    w.finish("success", reward=1.0)
+    store.apply(w.events)
+    batch, _ = build_batch(store, [w.execution_id], SourceConfig(jmax=ways))
+    return batch
+
+
+def tree_vs_flat(store: Store, *, prefix: int, ways: int, branch: int, repeats: int) -> dict[str, Any]:
+    batch = fork_heavy_batch(store, prefix=prefix, ways=ways, branch=branch)
+    flat = flatten(batch)
+    weight = flat.cat_weight()
+    index = flat.cat_index()
+    torch.manual_seed(0)
+    model = TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB))
+    mask = batch.trainable
+
+    def tree_step() -> None:
+        model.zero_grad(set_to_none=True)
+        out = tree_forward(model, batch)
+        (-(out.logprob * mask).sum() + (out.values**2 * mask).sum()).backward()
+
+    def flat_step() -> None:
+        model.zero_grad(set_to_none=True)
+        out = flat_forward(model, batch, flat)
+        m = mask[index] * weight
+        (-(out.logprob * m).sum() + (out.values**2 * m).sum()).backward()
+
+    times: dict[str, list[float]] = {"tree": [], "flat": []}
+    tree_step(), flat_step()  # warm-up
+    for _ in range(repeats):  # interleaved, so both see the same machine load
+        for name, fn in (("tree", tree_step), ("flat", flat_step)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    dedup = index.numel() / batch.num_tokens
+    speedup = statistics.median(times["flat"]) / statistics.median(times["tree"])
+    return {
+        "unique_tokens": batch.num_tokens,
+        "flattened_tokens": int(index.numel()),
+        "dedup_ratio": round(dedup, 3),
+        "tree_step_s": round(statistics.median(times["tree"]), 4),
+        "flat_step_s": round(statistics.median(times["flat"]), 4),
+        "speedup": round(speedup, 3),
+        "speedup_over_dedup": round(speedup / dedup, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database-url", help="store URL (default: a temporary SQLite file)")
+    parser.add_argument("--executions", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--prefix", type=int, default=1024, help="shared prefix tokens of the fork-heavy batch")
+    parser.add_argument("--ways", type=int, default=8, help="branches of the fork-heavy batch")
+    parser.add_argument("--branch", type=int, default=64, help="tokens per branch")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        url = args.database_url or f"sqlite:///{Path(tmp) / 'bench.db'}"
+        store = Store.open(url)
+        figures = {"data": data_wait(store, executions=args.executions, steps=args.steps),
+                   "tree_vs_flat": tree_vs_flat(store, prefix=args.prefix, ways=args.ways, branch=args.branch,
+                                                repeats=args.repeats)}
+        store.close()
+    d, f = figures["data"], figures["tree_vs_flat"]
+    console.print(f"wait share of a step: {d['wait_share_of_step']:.2%} (target ≤ 5 %); "
+                  f"assembly {d['assembly_tokens_per_s']:,} tokens/s; step {d['step_s_median']} s")
+    console.print(f"tree vs flattened: speed-up {f['speedup']}× at dedup ratio {f['dedup_ratio']} "
+                  f"→ {f['speedup_over_dedup']} × dedup (target ≥ 0.7)")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
