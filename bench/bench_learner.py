@@ -116,7 +116,8 @@ def tree_vs_flat(store: Store, *, prefix: int, ways: int, branch: int, repeats: 
         (-(out.logprob * m).sum() + (out.values**2 * m).sum()).backward()
 
     times: dict[str, list[float]] = {"tree": [], "flat": []}
-    tree_step(), flat_step()  # warm-up
+    tree_step()  # warm-up
+    flat_step()
     for _ in range(repeats):  # interleaved, so both see the same machine load
         for name, fn in (("tree", tree_step), ("flat", flat_step)):
             t0 = time.perf_counter()

@@ -98,7 +98,7 @@ def test_run_reports_its_figures(embedded: DemoResult) -> None:
 
 def test_demo_over_postgresql_and_kafka(pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     cfg = replace(EMBEDDED, executions=24, eval_executions=4, database_url=pg_url, kafka_bootstrap=kafka_bootstrap,
-                  pretrain=PretrainConfig(steps=20), out_dir=tmp_path, max_seconds=120)
+                  pretrain=PretrainConfig(max_clean_steps=20, noisy_steps=5), out_dir=tmp_path, max_seconds=120)
     result = run_demo(cfg)
     s = result.summary
     assert (s["store"], s["transport"]) == ("postgresql", "kafka")
@@ -117,8 +117,8 @@ def test_demo_over_postgresql_and_kafka(pg_url: str, kafka_bootstrap: str, tmp_p
 def test_cli_prints_a_json_line_last(tmp_path: Path) -> None:
     from sapwood.platform.cli import app
 
-    args = ["demo", "--executions", "8", "--eval-executions", "2", "--pretrain-steps", "3", "--out-dir",
-            str(tmp_path), "--quiet", "--seed", "3"]
+    args = ["demo", "--executions", "8", "--eval-executions", "2", "--pretrain-steps", "3", "--pretrain-noisy-steps",
+            "2", "--out-dir", str(tmp_path), "--quiet", "--seed", "3"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     line = json.loads(result.stdout.strip().splitlines()[-1])
@@ -131,7 +131,7 @@ def test_cli_ablation_prints_both_arms_and_a_verdict(tmp_path: Path) -> None:
     from sapwood.platform.cli import app
 
     args = ["demo", "--ablation", "summarizer", "--executions", "6", "--eval-executions", "2", "--pretrain-steps",
-            "3", "--out-dir", str(tmp_path), "--quiet"]
+            "3", "--pretrain-noisy-steps", "2", "--out-dir", str(tmp_path), "--quiet"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     line = json.loads(result.stdout.strip().splitlines()[-1])

@@ -11,6 +11,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 #: A cached response: body and the headers that go with it.
 Cached = tuple[bytes, dict[str, str]]
@@ -59,6 +63,34 @@ class ResponseCache:
     @property
     def size_bytes(self) -> int:
         return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class LRU(Generic[K, V]):
+    """Thread-safe LRU of at most ``max_items`` immutable values (e.g. a node's path to its root)."""
+
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> None:
+        if self.max_items <= 0:
+            return
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._items)

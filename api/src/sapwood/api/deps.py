@@ -17,6 +17,7 @@ from sapwood.api.cache import ResponseCache
 from sapwood.api.config import ApiSettings
 from sapwood.api.errors import AuthenticationError
 from sapwood.api.queries.stats import LagReader
+from sapwood.api.queries.trees import PathCache
 from sapwood.api.schemas import NO_NUL
 from sapwood.api.tokenizer import Tokenizer
 from sapwood.api.versions import VersionReader
@@ -36,6 +37,7 @@ class Services:
     tokenizer: Tokenizer | None
     lag: LagReader
     versions: VersionReader
+    paths: PathCache
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:

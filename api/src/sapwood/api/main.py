@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from sapwood.api.auth import KeyVerifier
-from sapwood.api.cache import ResponseCache
+from sapwood.api.cache import LRU, ResponseCache
 from sapwood.api.config import ApiSettings
 from sapwood.api.db import open_store
 from sapwood.api.deps import Services
@@ -62,6 +62,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
         lag=LagReader(settings.kafka_bootstrap, timeout_s=settings.api_lag_timeout_s),
         versions=VersionReader(store.engine, statement_timeout_ms=settings.statement_timeout_ms,
                                max_idle=settings.api_db_pool_size),
+        paths=LRU(512),
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.api_max_body_bytes)

@@ -46,6 +46,7 @@ _ROWS = [
     ("staleness_max", "staleness, max (versions)"),
     ("backlog_max", "max trainer backlog (executions)"),
     ("ingest_lag_max", "max Kafka ingest lag (records)"),
+    ("pretrain_clean_steps", "pre-training steps on clean demonstrations"),
     ("seconds_pretrain", "pre-training seconds"),
     ("seconds_async", "async phase seconds"),
     ("seconds_total", "total seconds"),
@@ -123,7 +124,9 @@ def demo(
     frozen_summarizer: Annotated[bool, typer.Option(help="do not train summary tokens")] = False,
     ablation: Annotated[str | None, typer.Option(help="run arms side by side: loss | summarizer | all")] = None,
     seeds: Annotated[int, typer.Option(help="ablations: run seeds SEED … SEED+N-1 per arm")] = 1,
-    pretrain_steps: Annotated[int, typer.Option(help="supervised pre-training steps")] = 300,
+    pretrain_steps: Annotated[int, typer.Option(help="most clean pre-training steps (it stops earlier once "
+                                                "the copy mechanism has formed)")] = 700,
+    pretrain_noisy_steps: Annotated[int, typer.Option(help="pre-training steps on imperfect demonstrations")] = 90,
     max_backlog: Annotated[int, typer.Option(help="workers pause at this many untrained executions")] = 16,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     quiet: Annotated[bool, typer.Option(help="no progress bars or tables, only the JSON line")] = False,
@@ -147,7 +150,9 @@ def demo(
                      eval_executions=eval_executions, database_url=database_url, kafka_bootstrap=kafka,
                      out_dir=out_dir, aggregation=cast(Literal["token", "segment_mean"], loss),
                      train_summaries=not frozen_summarizer, torch_threads=threads, max_backlog=max_backlog,
-                     pretrain=replace(PretrainConfig(), steps=pretrain_steps))
+                     pretrain=replace(PretrainConfig(), max_clean_steps=pretrain_steps,
+                                      min_clean_steps=min(pretrain_steps, PretrainConfig().min_clean_steps),
+                                      noisy_steps=pretrain_noisy_steps))
     try:
         cfg.validate()
     except ValidationError as exc:

@@ -198,11 +198,9 @@ def pretrained_policy(cfg: DemoConfig, hook: ProgressHook | None = None) -> tupl
             return {k: v.clone() for k, v in state.items()}, result, True
         torch.manual_seed(cfg.seed)
         model = TinyActorCritic(cfg.model_config())
-        steps = cfg.pretrain.steps
-
-        def on_step(step: int, loss: float) -> None:
+        def on_step(step: int, loss: float, planned: int) -> None:
             if hook is not None:
-                hook("pretrain", step + 1, steps, {"loss": loss})
+                hook("pretrain", step + 1, planned, {"loss": loss})
 
         result = pretrain(model, KeyRecallEnv(cfg.task), replace(cfg.pretrain, seed=cfg.seed), on_step=on_step)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -618,6 +616,8 @@ class _Demo:
             "time_capped": timed_out,
             "seconds_pretrain": round(pre.seconds, 1) if not cached else 0.0,
             "pretrain_loss": round(pre.losses[-1], 4) if pre.losses else float("nan"),
+            "pretrain_clean_steps": pre.clean_steps,
+            "pretrain_converged": pre.converged,
             "seconds_eval_start": round(eval_s, 1),
             "seconds_async": round(rl_s, 1),
             "seconds_total": round(total_s, 1),

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from sapwood.learner.model import TinyActorCritic
+from sapwood.platform.errors import ValidationError
 from sapwood.rollout.tasks import DemoNoise, KeyRecallEnv, teacher_action, teacher_summary
 
 __all__ = ["PretrainConfig", "PretrainResult", "demonstration", "pack_sequences", "pretrain"]
@@ -23,28 +24,52 @@ __all__ = ["PretrainConfig", "PretrainResult", "demonstration", "pack_sequences"
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """Supervised warm start."""
+    """Supervised warm start in two phases: clean demonstrations until the copy mechanism has
+    formed, then a fixed number of steps on imperfect ones (the policy ends up imitating an
+    imperfect demonstrator: the room RL has to improve).
 
-    steps: int = 300
-    """Optimizer steps."""
+    Small transformers learn the copy only after a plateau whose length depends on the seed
+    (here 100–400 steps), so the clean phase runs until the loss says it is over, not for a
+    fixed number of steps.
+    """
+
+    max_clean_steps: int = 700
+    """Cap of the clean phase (if the loss never gets there, pre-training goes on anyway)."""
+    min_clean_steps: int = 60
+    """The clean phase lasts at least this long."""
+    clean_loss_target: float = 0.4
+    """The clean phase ends when the running mean of its loss falls below this (the copy of
+    actions and of summaries has formed; the plateau sits at ≈ ln(16) ≈ 2.77)."""
+    noisy_steps: int = 90
+    """Steps on imperfect demonstrations after the clean phase."""
     batch_size: int = 16
     """Demonstration executions per step."""
     lr: float = 1e-2
-    """Peak AdamW learning rate (linear warm-up over 20 steps, then linear decay to 10 %)."""
+    """AdamW learning rate of the clean phase (after a 20-step linear warm-up)."""
+    noisy_lr: tuple[float, float] = (4e-3, 1e-3)
+    """Learning rate of the noisy phase, decaying linearly from the first value to the second."""
     noise: DemoNoise = field(default_factory=DemoNoise)
-    """How imperfect the demonstrations are (at the end of pre-training)."""
-    clean_fraction: float = 0.7
-    """The first ``clean_fraction`` of the steps use perfect demonstrations, the rest ``noise``:
-    the copying mechanism forms quickly on clean data, and the policy ends up imitating the
-    imperfect demonstrator (the room RL has to improve)."""
+    """How imperfect the demonstrations of the noisy phase are."""
     pack_tokens: int = 512
     """Most tokens per packed forward (the block-diagonal mask is quadratic in this)."""
     seed: int = 0
+    """Seeds the demonstrations."""
+
+    def __post_init__(self) -> None:
+        if self.max_clean_steps < self.min_clean_steps or self.min_clean_steps < 0 or self.noisy_steps < 0:
+            raise ValidationError("need 0 ≤ min_clean_steps ≤ max_clean_steps and noisy_steps ≥ 0")
 
 
 @dataclass
 class PretrainResult:
+    """What pre-training did."""
+
     losses: list[float]
+    """Loss of every step (clean steps first)."""
+    clean_steps: int
+    """Steps of the clean phase."""
+    converged: bool
+    """The clean phase reached ``clean_loss_target`` (False: the copy mechanism may not have formed)."""
     seconds: float
     tokens: int
 
@@ -117,16 +142,38 @@ def _split(seqs: list[tuple[list[int], list[bool]]], limit: int) -> list[list[tu
     return packs
 
 
+def _step(model: TinyActorCritic, opt: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+          seqs: list[tuple[list[int], list[bool]]], lr: float, pack_tokens: int) -> tuple[float, int]:
+    """One optimizer step on ``seqs``; returns (mean loss per supervised token, tokens processed)."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    n_sup = max(1, sum(sum(m[1:]) for _, m in seqs))
+    total = 0.0
+    n_tokens = 0
+    for pack in _split(seqs, pack_tokens):
+        tokens, position, attn, target, loss_mask = pack_sequences(pack)
+        n_tokens += int(tokens.numel())
+        logits = model.lm_head(model.actor(tokens, position, attn))
+        loss = torch.nn.functional.cross_entropy(logits[loss_mask], target[loss_mask], reduction="sum") / n_sup
+        loss.backward()
+        total += float(loss.detach())
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return total, n_tokens
+
+
 def pretrain(
     model: TinyActorCritic,
     env: KeyRecallEnv,
     config: PretrainConfig | None = None,
     *,
-    on_step: Callable[[int, float], None] | None = None,
+    on_step: Callable[[int, float, int], None] | None = None,
 ) -> PretrainResult:
     """Train ``model``'s actor (trunk + LM head) by next-token cross-entropy on demonstrated outputs.
 
-    ``on_step(step, loss)`` is called after every optimizer step.
+    ``on_step(step, loss, planned)`` is called after every optimizer step; ``planned`` is the
+    number of steps expected in all (it shrinks when the clean phase ends early).
     """
     cfg = config or PretrainConfig()
     rng = np.random.default_rng(cfg.seed)
@@ -136,27 +183,30 @@ def pretrain(
     n_tokens = 0
     t0 = time.perf_counter()
     model.train()
-    for step in range(cfg.steps):
-        noise = cfg.noise if step >= cfg.clean_fraction * cfg.steps else _CLEAN
-        seqs = [s for _ in range(cfg.batch_size) for s in demonstration(env, noise, rng)]
-        lr = cfg.lr * min(1.0, (step + 1) / 20) * (0.1 + 0.9 * (1 - step / cfg.steps))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        opt.zero_grad(set_to_none=True)
-        packs = _split(seqs, cfg.pack_tokens)
-        n_sup = sum(sum(m[1:]) for _, m in seqs)
-        total = 0.0
-        for pack in packs:
-            tokens, position, attn, target, loss_mask = pack_sequences(pack)
-            n_tokens += int(tokens.numel())
-            logits = model.lm_head(model.actor(tokens, position, attn))
-            loss = torch.nn.functional.cross_entropy(logits[loss_mask], target[loss_mask], reduction="sum") / n_sup
-            loss.backward()
-            total += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(total)
+    ema: float | None = None
+    converged = False
+    clean_steps = 0
+    while clean_steps < cfg.max_clean_steps:
+        seqs = [s for _ in range(cfg.batch_size) for s in demonstration(env, _CLEAN, rng)]
+        loss, n = _step(model, opt, params, seqs, cfg.lr * min(1.0, (clean_steps + 1) / 20), cfg.pack_tokens)
+        n_tokens += n
+        losses.append(loss)
+        clean_steps += 1
         if on_step is not None:
-            on_step(step, total)
+            on_step(len(losses) - 1, loss, cfg.max_clean_steps + cfg.noisy_steps)
+        ema = loss if ema is None else 0.9 * ema + 0.1 * loss
+        if clean_steps >= cfg.min_clean_steps and ema < cfg.clean_loss_target:
+            converged = True
+            break
+    hi, lo = cfg.noisy_lr
+    for k in range(cfg.noisy_steps):
+        seqs = [s for _ in range(cfg.batch_size) for s in demonstration(env, cfg.noise, rng)]
+        lr = hi + (lo - hi) * k / max(1, cfg.noisy_steps - 1)
+        loss, n = _step(model, opt, params, seqs, lr, cfg.pack_tokens)
+        n_tokens += n
+        losses.append(loss)
+        if on_step is not None:
+            on_step(len(losses) - 1, loss, clean_steps + cfg.noisy_steps)
     model.eval()
-    return PretrainResult(losses=losses, seconds=time.perf_counter() - t0, tokens=n_tokens)
+    return PretrainResult(losses=losses, clean_steps=clean_steps, converged=converged,
+                          seconds=time.perf_counter() - t0, tokens=n_tokens)

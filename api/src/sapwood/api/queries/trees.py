@@ -15,6 +15,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from sapwood.api.cache import LRU
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError, ValidationError
 from sapwood.platform.spans import load_spans
@@ -276,14 +277,21 @@ class PathRow:
     call_id: str | None
     policy_version: int | None
     execution_id: str
-    is_leaf: bool
     offset: int = 0
 
 
-def logical_path(conn: Connection, node_id: str) -> list[PathRow]:
-    """Nodes from the first root to ``node_id`` across compactions (one recursive query)."""
+#: Immutable paths by end node (nodes never change once written, so neither does a path to the root).
+PathCache = LRU[str, list[PathRow]]
+
+
+def logical_path(conn: Connection, node_id: str, cache: PathCache | None = None) -> list[PathRow]:
+    """Nodes from the first root to ``node_id`` across compactions (one recursive query, or the cache)."""
+    if cache is not None:
+        hit = cache.get(node_id)
+        if hit is not None:
+            return hit
     cols = (_n.node_id, _n.parent_id, _n.prev_segment_node, _n.role, _n.span_digest, _n.length, _n.depth, _n.segment,
-            _n.call_id, _n.policy_version, _n.execution_id, _n.is_leaf)
+            _n.call_id, _n.policy_version, _n.execution_id)
     base = sa.select(*cols, sa.literal(0).label("k")).where(_n.node_id == node_id).cte("lpath", recursive=True)
     up = t.nodes.alias("up")
     step = sa.select(*(up.c[c.name] for c in cols), (base.c.k + 1).label("k")).where(
@@ -293,12 +301,14 @@ def logical_path(conn: Connection, node_id: str) -> list[PathRow]:
     rows = conn.execute(sa.select(*(path.c[c.name] for c in cols)).order_by(path.c.k.desc())).all()
     if not rows:
         raise UnknownParentError(f"node {node_id} does not exist")
-    out = [PathRow(r[0], r[1], r[2], int(r[3]), bytes(r[4]), int(r[5]), int(r[6]), int(r[7]), r[8], r[9], r[10],
-                   bool(r[11])) for r in rows]
+    out = [PathRow(r[0], r[1], r[2], int(r[3]), bytes(r[4]), int(r[5]), int(r[6]), int(r[7]), r[8], r[9], r[10])
+           for r in rows]
     offset = 0
     for p in out:
         p.offset = offset
         offset += p.length
+    if cache is not None:
+        cache.put(node_id, out)
     return out
 
 
@@ -310,12 +320,15 @@ def _logprob_digests(conn: Connection, call_ids: Sequence[str]) -> dict[str, byt
     return {r[0]: bytes(r[1]) for r in rows}
 
 
-def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int) -> dict[str, Any]:
+def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
+               paths: PathCache | None = None) -> dict[str, Any]:
     """The logical trajectory ending at ``node_id`` and its tokens/log-probs in ``[offset, offset+limit)``."""
-    path = logical_path(conn, node_id)
+    path = logical_path(conn, node_id, paths)
     leaf = path[-1]
-    ex = conn.execute(sa.select(t.executions.c.reward, t.executions.c.score, t.executions.c.leaf_rewards)
-                      .where(t.executions.c.execution_id == leaf.execution_id)).first()
+    e = t.executions.c
+    ex = conn.execute(sa.select(e.reward, e.score, e.leaf_rewards, _n.is_leaf)
+                      .select_from(t.nodes.join(t.executions, e.execution_id == _n.execution_id))
+                      .where(_n.node_id == node_id)).first()
     n_tokens = path[-1].offset + path[-1].length
     if offset > n_tokens:
         raise ValidationError(f"offset {offset} is past the trajectory's end ({n_tokens} tokens)")
@@ -344,7 +357,8 @@ def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int) -> di
     if ex is not None:
         fallback = (ex.leaf_rewards or {}).get(leaf.node_id, ex.reward if ex.reward is not None else ex.score)
     return {
-        "execution_id": leaf.execution_id, "leaf_node_id": leaf.node_id, "is_leaf": leaf.is_leaf, "reward": fallback,
+        "execution_id": leaf.execution_id, "leaf_node_id": leaf.node_id, "is_leaf": bool(ex.is_leaf) if ex else True,
+        "reward": fallback,
         "n_tokens": n_tokens, "offset": offset, "limit": limit, "next_offset": end if end < n_tokens else None,
         "segments": segments,
         "nodes": [{"node_id": p.node_id, "role": ROLE[p.role], "segment": p.segment, "offset": p.offset,

@@ -92,11 +92,18 @@ async def get_tree_summary(execution_id: uuid.UUID, request: Request, services: 
 
 
 @router.get("/{execution_id}/trajectories", response_model=TrajectoryList, responses={**NOT_FOUND})
-def list_trajectories(execution_id: uuid.UUID, services: ServicesDep, _key: ReadKey) -> dict[str, Any]:
+async def list_trajectories(execution_id: uuid.UUID, request: Request, services: ServicesDep,
+                            _key: ReadKey) -> Response:
     """The execution's trajectories (one per leaf) with their length across segments and reward."""
-    with services.read() as conn:
-        ex = trees.execution_row(conn, str(execution_id))
-        return {"execution_id": ex["execution_id"], "items": trees.trajectories(conn, ex)}
+    eid = str(execution_id)
+    version = await services.versions.version(eid)
+
+    def build() -> bytes:
+        with services.snapshot() as conn:
+            ex = trees.execution_row(conn, eid)
+            return dump(TrajectoryList, {"execution_id": eid, "items": trees.trajectories(conn, ex)})
+
+    return await cached_json(request, services, ("trajectories", eid, version), build)
 
 
 @router.get("/{execution_id}/calls", response_model=CallPage, responses={**NOT_FOUND})

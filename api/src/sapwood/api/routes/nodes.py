@@ -43,7 +43,7 @@ def get_trajectory(node_id: uuid.UUID, services: ServicesDep, _key: ReadKey, off
     segments, its segments, and token ids with roles and rollout log-probs for ``[offset, offset+limit)``."""
     _check_limit(limit, services.settings.api_max_token_page)
     with services.read() as conn:
-        return trees.trajectory(conn, str(node_id), offset=offset, limit=limit)
+        return trees.trajectory(conn, str(node_id), offset=offset, limit=limit, paths=services.paths)
 
 
 @router.get("/{node_id}/calls", response_model=NodeCallsOut, responses={**NOT_FOUND})
