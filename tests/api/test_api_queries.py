@@ -234,6 +234,22 @@ def test_trajectory_pages_rebuild_the_logical_trajectory(client: TestClient, key
     assert get(client, keys, f"/v1/nodes/{leaf}/trajectory", 422, offset=10**9)["error"]["code"] == "invalid"
 
 
+def test_trajectory_of_a_growing_execution(client: TestClient, keys: Keys, pg_store: Store) -> None:
+    from api.api_helpers import small_config
+    from sapwood.platform.synthetic import synthetic_execution
+
+    w = synthetic_execution(small_config(7))
+    calls = calls_of(w)
+    cut = w.events.index(calls[1]) + 1
+    pg_store.apply(w.events[:cut])  # running: the second call's output is a leaf for now
+    node = calls[1].output_node_id
+    first = get(client, keys, f"/v1/nodes/{node}/trajectory")
+    assert first["is_leaf"] and first["n_tokens"] == w.context_length(node)
+    pg_store.apply(w.events[cut:])
+    later = get(client, keys, f"/v1/nodes/{node}/trajectory")  # same (cached) path, fresh leaf flag
+    assert not later["is_leaf"] and later["nodes"] == first["nodes"] and later["pieces"] == first["pieces"]
+
+
 def test_node_detail_tokens_and_logprobs(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
     w = writers[0]
     call = calls_of(w)[3]

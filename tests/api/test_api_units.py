@@ -46,6 +46,20 @@ def test_response_cache_is_bounded_by_bytes() -> None:
     assert cache.get("big") is None
 
 
+def test_lru_keeps_the_most_recently_used_items() -> None:
+    from sapwood.api.cache import LRU
+
+    lru: LRU[str, int] = LRU(2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    assert lru.get("a") == 1
+    lru.put("c", 3)
+    assert lru.get("b") is None and lru.get("a") == 1 and lru.get("c") == 3 and len(lru) == 2
+    off: LRU[str, int] = LRU(0)
+    off.put("a", 1)
+    assert off.get("a") is None
+
+
 def test_char_tokenizer() -> None:
     assert CharTokenizer().decode([72, 105, -1, 0xD800]) == "Hi\ufffd\ufffd"
     alpha = CharTokenizer("ab\n")
