@@ -29,7 +29,7 @@ class PretrainConfig:
     imperfect demonstrator: the room RL has to improve).
 
     Small transformers learn the copy only after a plateau whose length depends on the seed
-    (here 100–400 steps), so the clean phase runs until the loss says it is over, not for a
+    (here 130–260 steps at the default learning rate), so the clean phase runs until the loss says it is over, not for a
     fixed number of steps.
     """
 
@@ -44,8 +44,9 @@ class PretrainConfig:
     """Steps on imperfect demonstrations after the clean phase."""
     batch_size: int = 16
     """Demonstration executions per step."""
-    lr: float = 1e-2
-    """AdamW learning rate of the clean phase (after a 20-step linear warm-up)."""
+    lr: float = 5e-3
+    """AdamW learning rate of the clean phase (after a 20-step linear warm-up); at 1e-2 the plateau
+    outlasted 700 steps for one seed in five, at 5e-3 it ended within 130–260 for seeds 0–4."""
     noisy_lr: tuple[float, float] = (4e-3, 1e-3)
     """Learning rate of the noisy phase, decaying linearly from the first value to the second."""
     noise: DemoNoise = field(default_factory=DemoNoise)
