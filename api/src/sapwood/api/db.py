@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-
 from sapwood.api.config import ApiSettings
-from sapwood.platform.store import Store
+from sapwood.platform.store import Store, make_engine
 
 
 def open_store(settings: ApiSettings) -> Store:
@@ -17,18 +15,11 @@ def open_store(settings: ApiSettings) -> Store:
     The connection options are those of :func:`sapwood.platform.store.make_engine`.
     """
     url = settings.database_url
-    if not url.startswith("postgresql"):
-        return Store.open(url, migrate=settings.api_migrate, statement_timeout_ms=settings.statement_timeout_ms)
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
-    engine = sa.create_engine(
-        url,
-        pool_pre_ping=True,
-        pool_size=settings.api_db_pool_size,
-        max_overflow=settings.api_db_max_overflow,
-        connect_args={"options": f"-c statement_timeout={settings.statement_timeout_ms}"},
-    )
-    store = Store(engine, cache_nodes=settings.context_cache_nodes)
+    pool = {}
+    if url.startswith("postgresql"):
+        pool = {"pool_size": settings.api_db_pool_size, "max_overflow": settings.api_db_max_overflow}
+    store = Store(make_engine(url, statement_timeout_ms=settings.statement_timeout_ms, **pool),
+                  cache_nodes=settings.context_cache_nodes)
     if settings.api_migrate:
         store.migrate()
     return store

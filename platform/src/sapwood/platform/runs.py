@@ -26,14 +26,14 @@ from sapwood.platform.errors import ConflictError, UnknownParentError, Validatio
 class ExecutionFilter(BaseModel):
     """Which executions a query or a run selects; every field is optional and they AND together."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     run_id: str | None = Field(default=None, description="executions recorded under this run id")
     task_id: str | None = None
     task_family: str | None = None
     status: list[Literal["running", "success", "timeout", "error"]] | None = None
-    min_policy_version: int | None = Field(default=None, ge=0)
-    max_policy_version: int | None = Field(default=None, ge=0)
+    min_policy_version: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    max_policy_version: int | None = Field(default=None, ge=0, le=2**31 - 1)
     min_score: float | None = Field(default=None, description="on the reward, or the partial score if unrewarded")
     max_score: float | None = None
     started_after: float | None = Field(default=None, description="unix seconds")

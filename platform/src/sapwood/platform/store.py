@@ -52,8 +52,11 @@ def migrations_dir() -> Path:
     return repo if (repo / "env.py").exists() else here.parent / "_migrations"
 
 
-def make_engine(url: str, *, statement_timeout_ms: int = 30_000) -> Engine:
-    """Engine with Sapwood's connection settings for either backend."""
+def make_engine(url: str, *, statement_timeout_ms: int = 30_000, **pool: Any) -> Engine:
+    """Engine with Sapwood's connection settings for either backend.
+
+    ``pool`` (e.g. ``pool_size``, ``max_overflow``) sizes the PostgreSQL connection pool.
+    """
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"timeout": 30})
 
@@ -71,6 +74,7 @@ def make_engine(url: str, *, statement_timeout_ms: int = 30_000) -> Engine:
         url,
         pool_pre_ping=True,
         connect_args={"options": f"-c statement_timeout={statement_timeout_ms}"},
+        **pool,
     )
 
 
