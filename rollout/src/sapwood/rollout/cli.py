@@ -44,6 +44,7 @@ _ROWS = [
     ("policy_version", "final policy version"),
     ("staleness_mean", "staleness of trained tokens, mean (versions)"),
     ("staleness_max", "staleness, max (versions)"),
+    ("dis_masked_frac", "trained tokens dropped by the DIS window"),
     ("backlog_max", "max trainer backlog (executions)"),
     ("ingest_lag_max", "max Kafka ingest lag (records)"),
     ("pretrain_clean_steps", "pre-training steps on clean demonstrations"),
@@ -114,7 +115,7 @@ def demo(
     workers: Annotated[int, typer.Option(help="rollout worker threads")] = 2,
     executions: Annotated[int, typer.Option(help="training rollouts to play")] = 640,
     max_seconds: Annotated[float, typer.Option(help="wall-clock cap of the rollout + training phase")] = 200.0,
-    eval_executions: Annotated[int, typer.Option(help="evaluation executions at start and end")] = 64,
+    eval_executions: Annotated[int, typer.Option(help="evaluation executions at start and end")] = 128,
     database_url: Annotated[str | None, typer.Option("--database-url", help="store URL (default: SQLite in the "
                                                      "output directory)")] = None,
     kafka: Annotated[str | None, typer.Option("--kafka", metavar="BOOTSTRAP", help="record through Kafka at "

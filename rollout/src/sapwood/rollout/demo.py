@@ -74,7 +74,7 @@ class DemoConfig:
     """Training rollouts (executions) to play."""
     max_seconds: float = 200.0
     """Wall-clock cap of the asynchronous phase (rollouts + training)."""
-    eval_executions: int = 64
+    eval_executions: int = 128
     """Executions of the start and end evaluations (same tasks for both)."""
     max_backlog: int = 16
     """Workers pause while this many finished executions wait for training."""
@@ -572,6 +572,7 @@ class _Demo:
         tok = np.array([m.get("train/trainable_tokens", 0.0) for m in self.metrics])
         st_mean = np.array([m.get("policy/staleness_mean", 0.0) for m in self.metrics])
         st_max = [m.get("policy/staleness_max", 0.0) for m in self.metrics]
+        masked = np.array([m.get("policy/masked_frac", 0.0) for m in self.metrics])
         versions_behind = float((tok * st_mean).sum() / tok.sum()) if tok.sum() > 0 else 0.0
 
         def mean(xs: list[float]) -> float:
@@ -611,6 +612,7 @@ class _Demo:
             "policy_version": version,
             "staleness_mean": round(versions_behind, 3),
             "staleness_max": float(max(st_max)) if st_max else 0.0,
+            "dis_masked_frac": round(float((tok * masked).sum() / tok.sum()), 4) if tok.sum() > 0 else 0.0,
             "backlog_max": max((row["backlog"] for row in self.timeline), default=0.0),
             "ingest_lag_max": max((row["ingest_lag"] for row in self.timeline), default=0.0),
             "time_capped": timed_out,
