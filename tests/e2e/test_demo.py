@@ -98,7 +98,8 @@ def test_run_reports_its_figures(embedded: DemoResult) -> None:
 
 def test_demo_over_postgresql_and_kafka(pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     cfg = replace(EMBEDDED, executions=24, eval_executions=4, database_url=pg_url, kafka_bootstrap=kafka_bootstrap,
-                  pretrain=PretrainConfig(max_clean_steps=20, min_clean_steps=0, noisy_steps=5), out_dir=tmp_path, max_seconds=120)
+                  pretrain=PretrainConfig(max_clean_steps=20, min_clean_steps=0, noisy_steps=5), out_dir=tmp_path,
+                  max_seconds=120)
     result = run_demo(cfg)
     s = result.summary
     assert (s["store"], s["transport"]) == ("postgresql", "kafka")
