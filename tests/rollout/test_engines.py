@@ -157,7 +157,7 @@ class _FakeSGLang(BaseHTTPRequestHandler):
 def sglang() -> Iterator[tuple[str, type[_FakeSGLang]]]:
     handler = type("Handler", (_FakeSGLang,), {"requests": [], "reply": None, "status": 200})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", handler
