@@ -120,24 +120,29 @@ def test_database_connection_killed_during_batches(pg_url: str, postgres_url: st
     ledger = Ledger()
     app_name = f"sapwood-ingest-fault-{random.randrange(10**6)}"
     config = ingest_config(pg_url, kafka_bootstrap, topic, batch_size=15, application_name=app_name)
-    done = threading.Event()
+    enough = threading.Event()
 
     def produce() -> None:
+        # keeps producing until the faults have hit batches (a kill between batches only hits an
+        # idle pooled connection, which the pool replaces silently), at most 60 executions
         with KafkaTransport(kafka_bootstrap, topic=topic, on_delivery=ledger, linger_ms=2) as transport:
-            for seed in range(12):
+            for seed in range(60):
+                if seed >= 12 and enough.is_set():
+                    break
                 for ev in small(100 + seed):
                     transport.send(ev)
                 time.sleep(0.15)
-        done.set()
 
     killed = 0
     with running_ingest(config) as service:
         producer = threading.Thread(target=produce, daemon=True)
         producer.start()
-        deadline = time.monotonic() + 60
-        while (not done.is_set() or killed < 3) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 90
+        while producer.is_alive() and time.monotonic() < deadline:
             time.sleep(0.25)
             killed += _terminate(postgres_url, app_name)
+            if killed >= 3 and service.stats.db_errors >= 1:
+                enough.set()
         producer.join(30)
         wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 60, "ingest to recover")
         errors = service.stats.db_errors
