@@ -112,9 +112,28 @@ class Engine(abc.ABC):
     def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
         """Generate from exactly ``input_ids`` (no template, no re-tokenization)."""
 
+    #: Polled for ``(version, checkpoint)`` of the newest published policy (None: never switch).
+    latest: LatestPolicy | None = None
+    refresh_interval_s: float = 0.0
+    _last_check: float = -float("inf")
+
     def refresh(self) -> bool:
         """Switch to the newest published policy if there is a newer one; True if it switched."""
         return False
+
+    def _newer_policy(self, force: bool) -> tuple[int, str] | None:
+        """``(version, checkpoint)`` of a newer published policy, polling ``latest`` at most every
+        ``refresh_interval_s`` (always with ``force``); None when there is nothing newer."""
+        if self.latest is None:
+            return None
+        now = time.monotonic()
+        if not force and now - self._last_check < self.refresh_interval_s:
+            return None
+        self._last_check = now
+        found = self.latest()
+        if found is None or found[0] <= self.policy_version:
+            return None
+        return found
 
     def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
         """Release resources."""
@@ -205,14 +224,8 @@ class LocalTorchEngine(Engine):
             self.loads += 1
 
     def refresh(self, *, force: bool = False) -> bool:
-        if self.latest is None:
-            return False
-        now = time.monotonic()
-        if not force and now - self._last_check < self.refresh_interval_s:
-            return False
-        self._last_check = now
-        found = self.latest()
-        if found is None or found[0] <= self._version:
+        found = self._newer_policy(force)
+        if found is None:
             return False
         version, checkpoint = found
         try:
@@ -403,14 +416,8 @@ class SGLangEngine(Engine):
         self._version = version
 
     def refresh(self, *, force: bool = False) -> bool:
-        if self.latest is None:
-            return False
-        now = time.monotonic()
-        if not force and now - self._last_check < self.refresh_interval_s:
-            return False
-        self._last_check = now
-        found = self.latest()
-        if found is None or found[0] <= self._version:
+        found = self._newer_policy(force)
+        if found is None:
             return False
         self.update_weights_from_disk(found[1], found[0])
         return True
