@@ -31,6 +31,10 @@ class ApiSettings(Settings):
     )
     api_db_pool_size: int = Field(default=16, ge=1, description="PostgreSQL connections each worker keeps open")
     api_db_max_overflow: int = Field(default=8, ge=0, description="extra short-lived connections under bursts")
+    api_version_push: bool = Field(
+        default=True, description="PostgreSQL: keep execution versions current by LISTEN/NOTIFY (cache hits need no "
+                                  "query); off = query the version on every cached tree request",
+    )
     api_docs: bool = Field(default=True, description="serve /docs and /openapi.json without a key")
     api_lag_timeout_s: float = Field(default=3.0, gt=0, description="Kafka timeout when measuring ingest lag")
     api_migrate: bool = Field(default=False, description="run migrations when the app starts (serve does it once)")

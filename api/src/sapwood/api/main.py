@@ -41,6 +41,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await app.state.sapwood.versions.start()  # on the serving loop: it owns the listener
         yield
         await app.state.sapwood.versions.close()
 
@@ -61,7 +62,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
         tokenizer=load_tokenizer(settings.tokenizer),
         lag=LagReader(settings.kafka_bootstrap, timeout_s=settings.api_lag_timeout_s),
         versions=VersionReader(store.engine, statement_timeout_ms=settings.statement_timeout_ms,
-                               max_idle=settings.api_db_pool_size),
+                               max_idle=settings.api_db_pool_size, push=settings.api_version_push),
         paths=LRU(512),
     )
     install_error_handlers(app)

@@ -6,6 +6,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from sapwood.api.deps import CursorQuery, FilterDep, LimitDep, ReadKey, ServicesDep, WriteKey
 from sapwood.api.queries import audit as audit_q
@@ -124,8 +125,18 @@ def list_scores(execution_id: uuid.UUID, services: ServicesDep, _key: ReadKey) -
 
 
 @router.post("/{execution_id}/scores", response_model=ScoreOut, status_code=201, responses={**NOT_FOUND, **CONFLICT})
-def add_score(execution_id: uuid.UUID, body: ScoreCreate, services: ServicesDep, _key: WriteKey) -> dict[str, Any]:
+async def add_score(execution_id: uuid.UUID, body: ScoreCreate, services: ServicesDep,
+                    _key: WriteKey) -> dict[str, Any]:
     """Record a new partial-score revision (a ``partial_score`` event) of a finished execution."""
-    with services.write() as conn:
-        return q.add_score(conn, str(execution_id), score=body.score, components=body.components,
-                           scorer=body.scorer, note=body.note, expected_revision=body.expected_revision)
+    eid = str(execution_id)
+    token = services.versions.token()
+
+    def write() -> tuple[dict[str, Any], int]:
+        with services.write() as conn:
+            out = q.add_score(conn, eid, score=body.score, components=body.components, scorer=body.scorer,
+                              note=body.note, expected_revision=body.expected_revision)
+            return out, trees.execution_version(conn, eid)  # the row is locked until the commit
+
+    out, seq = await run_in_threadpool(write)
+    services.versions.written(eid, seq, token)  # this worker's next tree shows it, without waiting for the notify
+    return out
