@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -9,10 +10,15 @@ from alembic.runtime.migration import MigrationContext
 
 from sapwood.platform import runs
 from sapwood.platform import schema as t
+from sapwood.platform.events import ModelCall
+from sapwood.platform.spans import ENC_RAW
 from sapwood.platform.store import Store
+from sapwood.platform.tokens import digest_bytes
 from support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
+
+HEAD = "0004"
 
 
 def _tables(store: Store) -> set[str]:
@@ -26,7 +32,7 @@ def test_upgrade_downgrade_upgrade_keeps_data(pg_url: str) -> None:
     with store.transaction() as conn:
         runs.create_run(conn, "replay-1", runs.ExecutionFilter(status=["success"]))
     live = store.projection_hash()
-    assert store.current_revision() == "0002"
+    assert store.current_revision() == HEAD
 
     store.downgrade("0001")
     assert store.current_revision() == "0001"
@@ -34,7 +40,7 @@ def test_upgrade_downgrade_upgrade_keeps_data(pg_url: str) -> None:
     assert store.projection_hash() == live, "the event store and projections survive the downgrade"
 
     store.migrate()
-    assert store.current_revision() == "0002"
+    assert store.current_revision() == HEAD
     assert store.projection_hash() == live
     store.apply(small_execution(9).events)  # still writable after the round trip
 
@@ -51,3 +57,25 @@ def test_models_match_migrations(pg_url: str) -> None:
         diff = compare_metadata(MigrationContext.configure(conn), t.metadata)
     store.close()
     assert diff == [], f"schema.py and migrations/ disagree: {diff}"
+
+
+def test_span_encoding_downgrade_widens_spans(pg_url: str) -> None:
+    """0004 → 0003 rewrites narrowed token spans as canonical int32 bytes; back up, reads are unchanged."""
+    store = Store.open(pg_url)
+    writer = small_execution(4)
+    store.apply(writer.events)
+    calls = [e for e in writer.events if isinstance(e, ModelCall)]
+    before = {c.event_id: store.reconstruct_input(c.event_id).copy() for c in calls}
+    with store.transaction() as conn:
+        encodings = {r[0] for r in conn.execute(sa.text("SELECT DISTINCT encoding FROM spans"))}
+    assert encodings - {ENC_RAW}, "token spans are stored narrowed"
+
+    store.downgrade("0003")
+    with store.transaction() as conn:
+        rows = conn.execute(sa.text("SELECT digest, data FROM spans")).all()
+    assert rows and all(digest_bytes(bytes(d)) == bytes(k) for k, d in rows), "canonical bytes after downgrade"
+
+    store.migrate()
+    for call_id, ids in before.items():
+        assert np.array_equal(store.reconstruct_input(call_id), ids)
+    store.close()

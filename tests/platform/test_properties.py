@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sapwood.platform import schema as t
 from sapwood.platform.events import ModelCall
+from sapwood.platform.spans import decode_span
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from sapwood.platform.writer import ExecutionWriter
@@ -75,7 +76,8 @@ def check_properties(store: Store, writers: list[ExecutionWriter]) -> None:
         for call in (e for e in w.events if isinstance(e, ModelCall)):
             np.testing.assert_array_equal(store.reconstruct_input(call.call_id), expected_input(w, call))
     with store.transaction() as conn:
-        rows = [(bytes(d), bytes(x)) for d, x in conn.execute(sa.select(t.spans.c.digest, t.spans.c.data))]
+        rows = [(bytes(d), decode_span(enc, x))
+                for d, enc, x in conn.execute(sa.select(t.spans.c.digest, t.spans.c.encoding, t.spans.c.data))]
         referenced = {bytes(r[0]) for r in conn.execute(sa.select(t.nodes.c.span_digest))}
         referenced |= {bytes(r[0]) for r in conn.execute(sa.select(t.calls.c.logprobs_digest))}
         tree_tokens = conn.execute(sa.select(sa.func.sum(t.nodes.c.length))).scalar_one()

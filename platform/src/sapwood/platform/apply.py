@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
+from sapwood.platform.bulkcopy import COPY_MIN_ROWS, CopyWriter, spans_payload, text_payload
 from sapwood.platform.errors import (
     ConflictError,
     DigestMismatchError,
@@ -44,7 +45,7 @@ from sapwood.platform.events import (
     Prompt,
     SegmentBoundary,
 )
-from sapwood.platform.spans import bulk_insert, insert_spans, path_tokens
+from sapwood.platform.spans import insert_span_rows, new_span_rows, path_tokens, where_in
 from sapwood.platform.tokens import digest_bytes, input_hasher, pack
 
 Hasher = Any  # hashlib.blake2b object
@@ -127,7 +128,10 @@ class _Plan:
         self.new_nodes: dict[str, dict[str, Any]] = {}
         self.node_updates: dict[str, dict[str, Any]] = {}
         self.children_new: dict[str | None, list[str]] = {}
-        self.spans: dict[bytes, bytes] = {}
+        #: digest → canonical span array (int32 ids [n] or float32 log-probs [n]) to store.
+        self.spans: dict[bytes, np.ndarray] = {}
+        #: node ids created by events of this batch (never looked up in the store).
+        self.batch_node_ids: set[str] = set()
         self.states: dict[str, Hasher] = {}
         self.rows: dict[str, list[dict[str, Any]]] = {
             "events": [],
@@ -147,12 +151,19 @@ class _Plan:
                 q = q.with_for_update()
             for row in self.conn.execute(q).mappings():
                 self.execs[row["execution_id"]] = dict(row)
+        created: set[str] = set()
+        for e in events:
+            for name in ("node_id", "input_node_id", "output_node_id", "root_node_id"):
+                ref = getattr(e, name, None)
+                if ref:
+                    created.add(ref)
         refs: set[str] = set()
         for e in events:
             for name in ("parent", "at_node", "from_node"):
                 ref = getattr(e, name, None)
-                if ref:
+                if ref and ref not in created:
                     refs.add(ref)
+        self.batch_node_ids = created
         self._load_nodes(refs)
 
     def _load_nodes(self, node_ids: Iterable[str]) -> None:
@@ -160,16 +171,15 @@ class _Plan:
         if not wanted:
             return
         cols = t.nodes.c
-        q = sa.select(cols.node_id, cols.execution_id, cols.role, cols.depth, cols.length, cols.segment).where(
-            cols.node_id.in_(wanted)
-        )
+        cond = where_in(cols.node_id, wanted) if self.conn.dialect.name == "postgresql" else cols.node_id.in_(wanted)
+        q = sa.select(cols.node_id, cols.execution_id, cols.role, cols.depth, cols.length, cols.segment).where(cond)
         for r in self.conn.execute(q):
             self.nodes[r.node_id] = _Node(r.node_id, r.execution_id, r.role, r.depth, r.length, r.segment)
 
     # -- helpers ---------------------------------------------------------------------------------------
     def node(self, node_id: str, execution_id: str, what: str) -> _Node:
         node = self.nodes.get(node_id)
-        if node is None:
+        if node is None and node_id not in self.batch_node_ids:
             self._load_nodes([node_id])
             node = self.nodes.get(node_id)
         if node is None or node.execution_id != execution_id:
@@ -190,7 +200,7 @@ class _Plan:
             self.states[node_id] = state
         return state
 
-    def child_state(self, parent: str | None, data: bytes) -> Hasher:
+    def child_state(self, parent: str | None, data: bytes | memoryview) -> Hasher:
         state = input_hasher() if parent is None else self.state(parent).copy()
         state.update(data)
         return state
@@ -245,7 +255,7 @@ class _Plan:
         self.commit_changes(event, st, changes)
 
     def commit_changes(self, event: Event, st: dict[str, Any] | None, ch: _Changes) -> None:
-        for node_row, tokens, state in ch.nodes:
+        for node_row, state in ch.nodes:
             nid = node_row["node_id"]
             self.new_nodes[nid] = node_row
             self.nodes[nid] = _Node(
@@ -253,7 +263,6 @@ class _Plan:
                 node_row["segment"],
             )
             self.children_new.setdefault(node_row["parent_id"], []).append(nid)
-            self.spans.setdefault(node_row["span_digest"], tokens)
             self.states[nid] = state
             ch.exec_delta["n_nodes"] = ch.exec_delta.get("n_nodes", 0) + 1
             ch.exec_delta["n_tokens"] = ch.exec_delta.get("n_tokens", 0) + node_row["length"]
@@ -315,9 +324,9 @@ class _Plan:
 
 @dataclass
 class _Changes:
-    nodes: list[tuple[dict[str, Any], bytes, Hasher]] = field(default_factory=list)
+    nodes: list[tuple[dict[str, Any], Hasher]] = field(default_factory=list)
     node_updates: dict[str, dict[str, Any]] = field(default_factory=dict)
-    spans: dict[bytes, bytes] = field(default_factory=dict)
+    spans: dict[bytes, np.ndarray] = field(default_factory=dict)
     rows: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     exec_delta: dict[str, int] = field(default_factory=dict)
     exec_set: dict[str, Any] = field(default_factory=dict)
@@ -331,9 +340,9 @@ class _Changes:
         if arr.size == 0:
             self.array_refs[name] = [None, 0]
             return None
-        data = pack(arr)
-        digest = digest_bytes(data)
-        self.spans.setdefault(digest, data)
+        arr = np.ascontiguousarray(arr)
+        digest = digest_bytes(arr.data)
+        self.spans.setdefault(digest, arr)
         self.array_refs[name] = [digest.hex(), int(arr.size)]
         return digest
 
@@ -354,8 +363,8 @@ class _Changes:
     ) -> dict[str, Any]:
         digest = self.span(array_name, tokens)
         assert digest is not None
-        data = self.spans[digest]
-        local = {row["node_id"]: st for row, _, st in self.nodes}
+        data = self.spans[digest].data
+        local = {row["node_id"]: st for row, st in self.nodes}
         if parent is None:
             state = input_hasher()
             state.update(data)
@@ -382,7 +391,7 @@ class _Changes:
         }
         if node_id in plan.nodes:
             raise ConflictError(f"node {node_id} already exists (event {event.event_id} reuses its id)")
-        self.nodes.append((row, data, state))
+        self.nodes.append((row, state))
         return row
 
 
@@ -432,12 +441,12 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], ch: _Changes) -> None
     if e.parent is not None:
         parent: _Node | None = plan.node(e.parent, exec_id, "model_call parent")
         full_len = (parent.end if parent else 0) + int(appended.size)
-        state = plan.child_state(e.parent, pack(appended))
+        state = plan.child_state(e.parent, np.ascontiguousarray(appended).data)
         input_node_id = e.input_node_id
     else:
         # Full input: verify directly, then share whatever whole nodes already exist.
         state = input_hasher()
-        state.update(pack(appended))
+        state.update(np.ascontiguousarray(appended).data)
         full_len = int(appended.size)
         matched, offset = plan.match_whole_nodes(exec_id, appended)
         parent = plan.nodes[matched] if matched else None
@@ -586,9 +595,12 @@ def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, tup
     ids = [e.event_id for e in events]
     found: dict[str, tuple[str | None, int | None, str]] = {}
     c = t.events.c
-    for chunk_start in range(0, len(ids), 1000):
-        chunk = ids[chunk_start : chunk_start + 1000]
-        for r in conn.execute(sa.select(c.event_id, c.execution_id, c.seq, c.kind).where(c.event_id.in_(chunk))):
+    pg = conn.dialect.name == "postgresql"
+    step = len(ids) if pg else 1000
+    for chunk_start in range(0, len(ids), step):
+        chunk = ids[chunk_start : chunk_start + step]
+        cond = where_in(c.event_id, chunk) if pg else c.event_id.in_(chunk)
+        for r in conn.execute(sa.select(c.event_id, c.execution_id, c.seq, c.kind).where(cond)):
             found[r.event_id] = (r.execution_id, r.seq, r.kind)
     return found
 
@@ -655,13 +667,29 @@ def apply_events(
 
 def _write(conn: Connection, plan: _Plan) -> None:
     """Bulk-write a plan's rows into the caller's transaction."""
-    if not plan.replay and plan.spans:
-        insert_spans(conn, plan.spans)
-    bulk_insert(conn, t.events, plan.rows["events"])
-    bulk_insert(conn, t.executions, [plan.execs[x] for x in sorted(plan.new_execs)])
-    bulk_insert(conn, t.nodes, list(plan.new_nodes.values()))
-    for table in ("calls", "segments", "scores", "policy_versions"):
-        bulk_insert(conn, getattr(t, table), plan.rows[table])
+    span_rows = new_span_rows(conn, plan.spans) if not plan.replay and plan.spans else []
+    inserts: list[tuple[sa.Table, list[dict[str, Any]]]] = [
+        (t.events, plan.rows["events"]),
+        (t.executions, [plan.execs[x] for x in sorted(plan.new_execs)]),
+        (t.nodes, list(plan.new_nodes.values())),
+        *((getattr(t, name), plan.rows[name]) for name in ("calls", "segments", "scores", "policy_versions")),
+    ]
+    small: list[tuple[sa.Table, list[dict[str, Any]]]] = []
+    if conn.dialect.name == "postgresql":
+        # COPY in a background writer: the server stores spans while the row payloads are formatted.
+        with CopyWriter(conn) as writer:
+            if span_rows:
+                writer.submit(spans_payload(span_rows))
+            for table, rows in inserts:
+                if len(rows) >= COPY_MIN_ROWS:
+                    writer.submit(text_payload(table, rows))
+                elif rows:
+                    small.append((table, rows))
+    else:
+        insert_span_rows(conn, span_rows)
+        small = [(table, rows) for table, rows in inserts if rows]
+    for table, rows in small:
+        conn.execute(table.insert(), rows)
     _bulk_update_nodes(conn, plan.node_updates)
     touched = [plan.execs[x] for x in plan.execs if x not in plan.new_execs]
     if touched:

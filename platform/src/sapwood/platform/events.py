@@ -125,8 +125,7 @@ class Event:
     # -- plain-data views -----------------------------------------------------------------------------
     def scalar_fields(self) -> dict[str, Any]:
         """Every non-envelope, non-array field as JSON-able data."""
-        skip = {"event_id", "execution_id", "seq", "schema_version", "created_at"} | {n for n, _ in self.arrays}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        return {name: getattr(self, name) for name in _scalar_names(type(self))}
 
     def array_fields(self) -> dict[str, np.ndarray]:
         return {name: getattr(self, name) for name, _ in self.arrays}
@@ -139,6 +138,21 @@ class Event:
         for name, array_kind in self.arrays:
             if array_kind == "tokens":
                 check_token_range(getattr(self, name), vocab_size, name=f"{self.kind}.{name}")
+
+
+_ENVELOPE = frozenset({"event_id", "execution_id", "seq", "schema_version", "created_at"})
+
+
+_SCALAR_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _scalar_names(cls: type[Event]) -> tuple[str, ...]:
+    """Names of ``cls``'s non-envelope, non-array fields, in declaration order (computed once per class)."""
+    names = _SCALAR_NAMES.get(cls)
+    if names is None:
+        skip = _ENVELOPE | {n for n, _ in cls.arrays}
+        names = _SCALAR_NAMES[cls] = tuple(f.name for f in fields(cls) if f.name not in skip)
+    return names
 
 
 @dataclass(eq=False, kw_only=True)

@@ -64,8 +64,10 @@ events = Table(
 spans = Table(
     "spans",
     metadata,
-    Column("digest", LargeBinary(16), primary_key=True, comment="BLAKE2b-128 of data"),
-    Column("data", LargeBinary, nullable=False, comment="packed little-endian int32 ids or float32 log-probs"),
+    Column("digest", LargeBinary(16), primary_key=True, comment="BLAKE2b-128 of the canonical bytes"),
+    Column("encoding", SmallInteger, nullable=False, server_default="0",
+           comment="0 canonical bytes, 1 ids as uint16, 2 ids as 3-byte integers (see spans.decode_span)"),
+    Column("data", LargeBinary, nullable=False, comment="the span's bytes in its encoding"),
 )
 
 executions = Table(

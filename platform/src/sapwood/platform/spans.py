@@ -1,26 +1,76 @@
 """Content-addressed span storage and path reconstruction.
 
-A span is a packed array (int32 token ids or float32 log-probs) stored once under its
-BLAKE2b-128 digest, whichever executions use it. On PostgreSQL new spans go in through a
-binary ``COPY``; on SQLite through ``INSERT OR IGNORE``.
+A span is a packed array (int32 token ids or float32 log-probs) stored once under the
+BLAKE2b-128 digest of its canonical bytes, whichever executions use it. Token spans are
+stored narrowed to the smallest width that holds their largest id (``encoding``: 2 bytes for
+ids < 65,536, 3 bytes below 16.7M — every current vocabulary — else 4); readers always get
+the canonical little-endian bytes back through :func:`decode_span`. On PostgreSQL new spans
+go in through a binary ``COPY`` (:mod:`sapwood.platform.bulkcopy`); on SQLite through ``INSERT OR IGNORE``.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
-from psycopg.types.json import Jsonb
-from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.errors import UnknownParentError
+from sapwood.platform.bulkcopy import COPY_MIN_ROWS as COPY_MIN_ROWS
+from sapwood.platform.errors import StoreError, UnknownParentError
 from sapwood.platform.tokens import TOKEN_DTYPE, TokenArray
 
 _CHUNK = 1000
+
+#: ``spans.encoding``: canonical bytes as they are hashed (int32 ids or float32 log-probs).
+ENC_RAW = 0
+#: Token ids as little-endian uint16 (every id < 65,536).
+ENC_U16 = 1
+#: Token ids as little-endian 3-byte unsigned integers (every id < 2**24).
+ENC_U24 = 2
+
+
+def encode_span(arr: np.ndarray) -> tuple[int, bytes]:
+    """(encoding, stored bytes) of a canonical span array: int32 ids [n] or float32 log-probs [n]."""
+    if arr.dtype != TOKEN_DTYPE or arr.size == 0:
+        return ENC_RAW, arr.tobytes()
+    bits = int(np.bitwise_or.reduce(arr))  # < 2**k and ≥ 0 exactly when every id is (one pass)
+    if bits < 0:
+        return ENC_RAW, arr.tobytes()
+    if bits < 1 << 16:
+        return ENC_U16, arr.astype("<u2").tobytes()
+    if bits < 1 << 24:
+        return ENC_U24, np.ascontiguousarray(arr).view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
+    return ENC_RAW, arr.tobytes()
+
+
+def decode_span(encoding: int, data: bytes | memoryview) -> bytes:
+    """Canonical bytes of a stored span (inverse of :func:`encode_span`)."""
+    if encoding == ENC_RAW:
+        return bytes(data)
+    if encoding == ENC_U16:
+        return np.frombuffer(data, dtype="<u2").astype(TOKEN_DTYPE).tobytes()
+    if encoding == ENC_U24:
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if raw.size % 3:
+            raise StoreError(f"corrupt span: {raw.size} bytes is not a multiple of 3 (3-byte token ids)")
+        out = np.zeros((raw.size // 3, 4), dtype=np.uint8)
+        out[:, :3] = raw.reshape(-1, 3)
+        return out.tobytes()
+    raise StoreError(f"unknown span encoding {encoding}; expected {ENC_RAW}, {ENC_U16} or {ENC_U24}")
+
+
+def where_in(column: sa.ColumnElement[Any], values: list[str]) -> sa.ColumnElement[bool]:
+    """``column IN values`` for a UUID column on PostgreSQL: one ``uuid[]`` literal parameter.
+
+    Faster than a bind per value or a driver-adapted list (both cost Python work per element).
+    """
+    literal = "{" + ",".join(str(uuid.UUID(v)) for v in values) + "}"
+    return column == sa.any_(sa.cast(sa.bindparam(None, literal, type_=sa.Text), postgresql.ARRAY(sa.Uuid)))
 
 
 def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
@@ -28,7 +78,8 @@ def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
     wanted = list(digests)
     found: set[bytes] = set()
     if conn.dialect.name == "postgresql" and wanted:
-        rows = conn.execute(sa.text("SELECT digest FROM spans WHERE digest = ANY(:d)"), {"d": wanted})
+        literal = "{" + ",".join("\\\\x" + d.hex() for d in wanted) + "}"  # one bytea[] literal, no per-item binds
+        rows = conn.execute(sa.text("SELECT digest FROM spans WHERE digest = ANY(CAST(:d AS bytea[]))"), {"d": literal})
         return {bytes(r[0]) for r in rows}
     for i in range(0, len(wanted), _CHUNK):
         chunk = wanted[i : i + _CHUNK]
@@ -36,45 +87,21 @@ def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
     return found
 
 
-def insert_spans(conn: Connection, spans: dict[bytes, bytes]) -> int:
-    """Store the spans not yet stored; return how many were new."""
-    if conn.dialect.name == "sqlite":
-        stmt = sqlite.insert(t.spans).on_conflict_do_nothing(index_elements=["digest"])
-        conn.execute(stmt, [{"digest": d, "data": b} for d, b in spans.items()])
-        return len(spans)
-    stored = existing_digests(conn, spans)
-    missing = [d for d in spans if d not in stored]
-    if not missing:
-        return 0
-    if conn.dialect.name == "postgresql":
-        raw = conn.connection.driver_connection
-        with raw.cursor() as cur, cur.copy("COPY spans (digest, data) FROM STDIN (FORMAT BINARY)") as copy:  # type: ignore[union-attr]
-            copy.set_types(["bytea", "bytea"])
-            for d in missing:
-                copy.write_row((d, spans[d]))
-    else:
-        conn.execute(t.spans.insert(), [{"digest": d, "data": spans[d]} for d in missing])
-    return len(missing)
+def new_span_rows(conn: Connection, spans: dict[bytes, np.ndarray]) -> list[tuple[bytes, int, bytes]]:
+    """(digest, encoding, stored bytes) of the spans (digest → canonical array) not stored yet."""
+    stored = existing_digests(conn, spans) if conn.dialect.name != "sqlite" else set()
+    return [(d, *encode_span(arr)) for d, arr in spans.items() if d not in stored]
 
 
-#: Below this many rows a plain multi-row INSERT beats setting up a COPY.
-COPY_MIN_ROWS = 32
-
-
-def bulk_insert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-    """Insert ``rows`` into ``table``: ``COPY`` on PostgreSQL for large batches, else ``INSERT``."""
+def insert_span_rows(conn: Connection, rows: list[tuple[bytes, int, bytes]]) -> None:
+    """Insert span rows with SQLAlchemy (SQLite: ``INSERT OR IGNORE``); PostgreSQL uses :mod:`bulkcopy`."""
     if not rows:
         return
-    if conn.dialect.name != "postgresql" or len(rows) < COPY_MIN_ROWS:
-        conn.execute(table.insert(), rows)
-        return
-    cols = [c.name for c in table.columns if c.name in rows[0]]
-    json_cols = {c.name for c in table.columns if isinstance(c.type, sa.JSON) or "JSON" in str(c.type)}
-    raw = conn.connection.driver_connection
-    names = ", ".join(f'"{c}"' for c in cols)
-    with raw.cursor() as cur, cur.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:  # type: ignore[union-attr]
-        for row in rows:
-            copy.write_row([Jsonb(row[c]) if c in json_cols and row[c] is not None else row[c] for c in cols])
+    values = [{"digest": d, "encoding": enc, "data": data} for d, enc, data in rows]
+    if conn.dialect.name == "sqlite":
+        conn.execute(sqlite.insert(t.spans).on_conflict_do_nothing(index_elements=["digest"]), values)
+    else:
+        conn.execute(t.spans.insert(), values)
 
 
 def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]:
@@ -83,8 +110,9 @@ def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]
     out: dict[bytes, bytes] = {}
     for i in range(0, len(wanted), _CHUNK):
         chunk = wanted[i : i + _CHUNK]
-        for d, data in conn.execute(sa.select(t.spans.c.digest, t.spans.c.data).where(t.spans.c.digest.in_(chunk))):
-            out[bytes(d)] = bytes(data)
+        q = sa.select(t.spans.c.digest, t.spans.c.encoding, t.spans.c.data).where(t.spans.c.digest.in_(chunk))
+        for d, enc, data in conn.execute(q):
+            out[bytes(d)] = decode_span(enc, data)
     return out
 
 
@@ -96,7 +124,7 @@ _PATH_SQL = sa.text(
         SELECT n.node_id, n.parent_id, n.depth, n.span_digest
         FROM nodes n JOIN path p ON n.node_id = p.parent_id
     )
-    SELECT p.depth, s.data FROM path p JOIN spans s ON s.digest = p.span_digest ORDER BY p.depth
+    SELECT p.depth, s.encoding, s.data FROM path p JOIN spans s ON s.digest = p.span_digest ORDER BY p.depth
     """
 ).bindparams(sa.bindparam("node_id", type_=t.Id))
 
@@ -118,5 +146,5 @@ def path_tokens(conn: Connection, node_id: str) -> TokenArray:
     if not rows:
         raise UnknownParentError(f"node {node_id} does not exist")
     if len(rows) == 1:
-        return np.frombuffer(rows[0][1], dtype=TOKEN_DTYPE)
-    return np.frombuffer(b"".join(r[1] for r in rows), dtype=TOKEN_DTYPE)
+        return np.frombuffer(decode_span(rows[0][1], rows[0][2]), dtype=TOKEN_DTYPE)
+    return np.frombuffer(b"".join(decode_span(r[1], r[2]) for r in rows), dtype=TOKEN_DTYPE)

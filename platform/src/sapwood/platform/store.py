@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 from sqlalchemy import exc as sa_exc
@@ -42,6 +43,12 @@ def translate_errors() -> Iterator[None]:
             raise StoreUnavailableError(f"database unavailable: {exc.orig}") from exc
         raise StoreError(f"database error: {exc.orig}") from exc
     except sa_exc.SQLAlchemyError as exc:
+        raise StoreError(f"database error: {exc}") from exc
+    except psycopg.IntegrityError as exc:  # raised by COPY on the raw driver connection
+        raise ConflictError(f"store constraint violated: {exc}") from exc
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailableError(f"database unavailable: {exc}") from exc
+    except psycopg.Error as exc:
         raise StoreError(f"database error: {exc}") from exc
 
 
@@ -139,7 +146,7 @@ class Store:
                 with self.transaction() as conn:
                     result = apply_events(conn, events, cache=self.cache, strict=strict)
             except ConflictError as exc:
-                if isinstance(exc.__cause__, sa_exc.IntegrityError) and attempt < retries:
+                if isinstance(exc.__cause__, sa_exc.IntegrityError | psycopg.IntegrityError) and attempt < retries:
                     continue  # a concurrent writer stored the same span/event first; re-plan
                 raise
             self.cache.merge(result.new_states)

@@ -15,7 +15,7 @@ from sapwood.api.queries.cursors import decode_cursor, encode_cursor
 from sapwood.api.tokenizer import Tokenizer
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
-from sapwood.platform.spans import load_spans
+from sapwood.platform.spans import decode_span, load_spans
 from sapwood.platform.tokens import TOKEN_DTYPE, digest_bytes, unpack_logprobs, unpack_tokens
 
 _n = t.nodes.c
@@ -51,14 +51,14 @@ def context_path(conn: Connection, node_id: str) -> list[tuple[dict[str, Any], b
     up = t.nodes.alias("up")
     path = base.union_all(sa.select(*(up.c[c.name] for c in cols)).where(up.c.node_id == base.c.parent_id))
     q = (sa.select(path.c.node_id, path.c.role, path.c.depth, path.c.length, path.c.call_id, path.c.policy_version,
-                   t.spans.c.data)
+                   t.spans.c.encoding, t.spans.c.data)
          .select_from(path.join(t.spans, t.spans.c.digest == path.c.span_digest))
          .order_by(path.c.depth))
     out = []
     for r in conn.execute(q):
         facts = {"node_id": r[0], "role": t.ROLE_NAMES[int(r[1])], "depth": int(r[2]), "length": int(r[3]),
                  "call_id": r[4], "policy_version": r[5]}
-        out.append((facts, bytes(r[6])))
+        out.append((facts, decode_span(r[6], r[7])))
     if not out:
         raise UnknownParentError(f"node {node_id} does not exist")
     return out
