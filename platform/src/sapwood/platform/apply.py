@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, CopyWriter, spans_payload, text_payload
+from sapwood.platform.bulkcopy import COPY_MIN_ROWS, send, spans_payload, text_payload
 from sapwood.platform.errors import (
     ConflictError,
     DigestMismatchError,
@@ -676,15 +676,13 @@ def _write(conn: Connection, plan: _Plan) -> None:
     ]
     small: list[tuple[sa.Table, list[dict[str, Any]]]] = []
     if conn.dialect.name == "postgresql":
-        # COPY in a background writer: the server stores spans while the row payloads are formatted.
-        with CopyWriter(conn) as writer:
-            if span_rows:
-                writer.submit(spans_payload(span_rows))
-            for table, rows in inserts:
-                if len(rows) >= COPY_MIN_ROWS:
-                    writer.submit(text_payload(table, rows))
-                elif rows:
-                    small.append((table, rows))
+        if span_rows:
+            send(conn, spans_payload(span_rows))
+        for table, rows in inserts:
+            if len(rows) >= COPY_MIN_ROWS:
+                send(conn, text_payload(table, rows))
+            elif rows:
+                small.append((table, rows))
     else:
         insert_span_rows(conn, span_rows)
         small = [(table, rows) for table, rows in inserts if rows]

@@ -70,7 +70,10 @@ def where_in(column: sa.ColumnElement[Any], values: list[str]) -> sa.ColumnEleme
     Faster than a bind per value or a driver-adapted list (both cost Python work per element).
     """
     literal = "{" + ",".join(str(uuid.UUID(v)) for v in values) + "}"
-    return column == sa.any_(sa.cast(sa.bindparam(None, literal, type_=sa.Text), postgresql.ARRAY(sa.Uuid)))
+    # IN (SELECT unnest(...)): a semi-join the planner can hash or drive through the index;
+    # `= ANY(array)` would compare every scanned row with the whole array.
+    array = sa.cast(sa.bindparam(None, literal, type_=sa.Text), postgresql.ARRAY(sa.Uuid))
+    return column.in_(sa.select(sa.func.unnest(array)))
 
 
 def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
@@ -79,7 +82,8 @@ def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
     found: set[bytes] = set()
     if conn.dialect.name == "postgresql" and wanted:
         literal = "{" + ",".join("\\\\x" + d.hex() for d in wanted) + "}"  # one bytea[] literal, no per-item binds
-        rows = conn.execute(sa.text("SELECT digest FROM spans WHERE digest = ANY(CAST(:d AS bytea[]))"), {"d": literal})
+        rows = conn.execute(sa.text("SELECT digest FROM spans WHERE digest IN (SELECT unnest(CAST(:d AS bytea[])))"),
+                            {"d": literal})
         return {bytes(r[0]) for r in rows}
     for i in range(0, len(wanted), _CHUNK):
         chunk = wanted[i : i + _CHUNK]

@@ -62,6 +62,10 @@ def check_token_range(ids: TokenArray, vocab_size: int | None, *, name: str = "t
     """Raise :class:`TokenRangeError` for negative ids or ids ≥ ``vocab_size``."""
     if ids.size == 0:
         return
+    # One pass: read as uint32, a negative id is ≥ 2**31, above every vocabulary.
+    top = int(ids.view(np.uint32).max()) if ids.dtype == TOKEN_DTYPE else int(ids.max())
+    if top < (vocab_size if vocab_size is not None else 1 << 31):
+        return
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0:
         raise TokenRangeError(f"{name}: token ids must be ≥ 0, found {lo}")
