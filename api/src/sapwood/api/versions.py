@@ -27,7 +27,8 @@ last heard from it:
 * On a map miss the version is queried; the answer goes into the map only when the listener was
   already listening before the query started and the epoch did not change until it returned
   (otherwise a notification for a write newer than the query's snapshot might have been missed).
-* The map holds at most ``max_entries`` executions; when full it is cleared (an epoch bump).
+* The map holds at most ``max_entries`` executions (default 200,000, ~30 MB); when full it is
+  cleared (an epoch bump).
 
 Queries run on a few asyncio psycopg connections owned by the worker's event loop (handing a
 request to the thread pool and back costs more than the query itself); other backends use the
@@ -70,7 +71,7 @@ class VersionMap:
     from one event loop only.
     """
 
-    def __init__(self, max_entries: int = 1_000_000) -> None:
+    def __init__(self, max_entries: int = 200_000) -> None:
         self.max_entries = max_entries
         self.epoch = 0
         self.live = False
@@ -132,7 +133,7 @@ class VersionReader:
     """
 
     def __init__(self, engine: Engine, *, statement_timeout_ms: int, max_idle: int = 8, push: bool = True,
-                 max_entries: int = 1_000_000, heartbeat_s: float = 5.0) -> None:
+                 max_entries: int = 200_000, heartbeat_s: float = 5.0) -> None:
         self.engine = engine
         self.max_idle = max_idle
         self.statement_timeout_ms = statement_timeout_ms
