@@ -6,7 +6,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, bulk_insert, field_formatter
+from sapwood.platform.bulkcopy import COPY_MIN_ROWS, bulk_insert, text_payload
 from sapwood.platform.store import Store
 
 AWKWARD = ["", "tab\there", "line\nbreak\r\n", "back\\slash \\N \\.", "ünïcødé ✓", "quote \" ' ,"]
@@ -30,10 +30,11 @@ def test_awkward_values_round_trip(store: Store) -> None:
     assert got[1].seq == 7 and got[0].seq is None
 
 
-def test_copy_field_formats() -> None:
-    assert field_formatter(t.events.c.seq.type)(np.int64(7)) == "7"
-    assert field_formatter(t.events.c.created_at.type)(np.float32(0.5)) == "0.5"
-    assert field_formatter(t.nodes.c.is_leaf.type)(True) == "t"
-    assert field_formatter(t.spans.c.digest.type)(b"\x01\xff") == r"\\x01ff"
-    assert field_formatter(t.events.c.body.type)({"a": "x\ty"}) == r'{"a":"x\\ty"}'
-    assert field_formatter(t.events.c.kind.type)("a\tb\\") == r"a\tb\\"
+def test_copy_text_per_column_type() -> None:
+    row = {"node_id": "6b1c8a5e-0000-4000-8000-000000000001", "parent_id": None, "role": np.int64(2),
+           "span_digest": b"\x01\xff", "is_leaf": True, "policy_version": 3}
+    sql, data = text_payload(t.nodes, [row])
+    assert sql == 'COPY nodes ("node_id", "parent_id", "role", "span_digest", "is_leaf", "policy_version") FROM STDIN'
+    assert data == b"6b1c8a5e-0000-4000-8000-000000000001\t\\N\t2\t\\\\x01ff\tt\t3\n"
+    _, data = text_payload(t.events, [{"kind": "a\tb\\", "created_at": np.float32(0.5), "body": {"a": "x\ty"}}])
+    assert data == b'a\\tb\\\\\t0.5\t{"a":"x\\\\ty"}\n'

@@ -32,45 +32,6 @@ _SPAN_MID = struct.Struct("!ihi")  # int2 length (2), encoding, data length
 Payload = tuple[str, bytes]
 
 
-def _fmt_text(value: Any) -> str:
-    return str(value).translate(_ESCAPES)
-
-
-def _fmt_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":")).translate(_ESCAPES)
-
-
-def _fmt_bool(value: Any) -> str:
-    return "t" if value else "f"
-
-
-def _fmt_int(value: Any) -> str:
-    return str(int(value))
-
-
-def _fmt_float(value: Any) -> str:
-    return repr(float(value))
-
-
-def _fmt_bytes(value: Any) -> str:
-    return "\\\\x" + bytes(value).hex()
-
-
-def field_formatter(type_: sa.types.TypeEngine[Any]) -> Any:
-    """COPY text formatter of a non-NULL value of a column of SQLAlchemy type ``type_``."""
-    if isinstance(type_, sa.JSON):
-        return _fmt_json
-    if isinstance(type_, sa.Boolean):
-        return _fmt_bool
-    if isinstance(type_, sa.Integer):
-        return _fmt_int
-    if isinstance(type_, sa.Float):
-        return _fmt_float
-    if isinstance(type_, sa.LargeBinary):
-        return _fmt_bytes
-    return _fmt_text  # strings and UUIDs (text form)
-
-
 def text_payload(table: sa.Table, rows: list[dict[str, Any]]) -> Payload:
     """``COPY table (...) FROM STDIN`` and its text-format data for ``rows`` (dicts keyed by column)."""
     cols = tuple(c.name for c in table.columns if c.name in rows[0])
@@ -82,7 +43,7 @@ _FORMATTERS: dict[tuple[str, tuple[str, ...]], Callable[[list[dict[str, Any]]], 
 
 
 def _field_expr(type_: sa.types.TypeEngine[Any], v: str) -> str:
-    """Python expression formatting the non-NULL value named ``v`` (as :func:`field_formatter` does)."""
+    """Python expression formatting the non-NULL value named ``v`` of a column of type ``type_``."""
     if isinstance(type_, sa.JSON):
         return f"_dumps({v}).translate(_ESC)"
     if isinstance(type_, sa.Boolean):
@@ -149,4 +110,4 @@ def bulk_insert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -
     send(conn, text_payload(table, rows))
 
 
-__all__ = ["COPY_MIN_ROWS", "bulk_insert", "field_formatter", "send", "spans_payload", "text_payload"]
+__all__ = ["COPY_MIN_ROWS", "bulk_insert", "send", "spans_payload", "text_payload"]

@@ -20,7 +20,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS as COPY_MIN_ROWS
 from sapwood.platform.errors import StoreError, UnknownParentError
 from sapwood.platform.tokens import TOKEN_DTYPE, TokenArray
 
