@@ -1,4 +1,4 @@
-"""spans.encoding: token spans stored narrowed (2 or 3 bytes per id)
+"""spans.encoding: token spans stored narrowed to the bits their largest id needs
 
 Revision ID: 0004
 Revises: 0003
@@ -23,8 +23,8 @@ def upgrade() -> None:
     # Existing rows hold canonical bytes: encoding 0.
     with op.batch_alter_table('spans', schema=None) as batch_op:
         batch_op.add_column(sa.Column('encoding', sa.SmallInteger(), server_default='0', nullable=False,
-                                      comment='0 canonical bytes, 1 ids as uint16, 2 ids as 3-byte integers '
-                                              '(see spans.decode_span)'))
+                                      comment='0 canonical bytes, 1 uint16 ids, 2 3-byte ids, 3 uint16 + high bits '
+                                              '(see span_encoding)'))
     if op.get_bind().dialect.name == "postgresql":
         op.execute("COMMENT ON COLUMN spans.data IS 'the span''s bytes in its encoding'")
         op.execute("COMMENT ON COLUMN spans.digest IS 'BLAKE2b-128 of the canonical bytes'")
@@ -32,7 +32,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # Widen narrowed spans back to canonical bytes before the column goes.
-    from sapwood.platform.spans import ENC_RAW, decode_span
+    from sapwood.platform.span_encoding import ENC_RAW, decode_span
 
     conn = op.get_bind()
     while True:

@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.events import ModelCall
-from sapwood.platform.spans import ENC_RAW
+from sapwood.platform.span_encoding import ENC_RAW
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from support.histories import small_execution

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sapwood.platform import schema as t
 from sapwood.platform.events import ModelCall
-from sapwood.platform.spans import decode_span
+from sapwood.platform.span_encoding import decode_span
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from sapwood.platform.writer import ExecutionWriter

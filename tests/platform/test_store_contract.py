@@ -43,6 +43,30 @@ def test_apply_then_reconstruct_every_input_exactly(store: Store) -> None:
         np.testing.assert_array_equal(lps, call.output_logprobs)
 
 
+@pytest.mark.parametrize("vocab", [151_936, 1 << 24, 2**31 - 1])
+def test_large_vocabularies_reconstruct_exactly(store: Store, vocab: int) -> None:
+    """Ids that need 18 bits, 3 bytes or 4 bytes: stored narrowed, read back exactly, output ids too."""
+    rng = np.random.default_rng(vocab % 1000)
+    w = ExecutionWriter(run_id="r", task_id="big-vocab", vocab_size=vocab)
+    w.start()
+    node = w.prompt(rng.integers(0, vocab, 300)).node_id
+    calls = []
+    for _ in range(5):
+        call = w.call(node, rng.integers(0, vocab, 40), rng.integers(vocab - 70_000, vocab, 60), -rng.random(60))
+        calls.append(call)
+        node = w.observe(call.output_node_id, rng.integers(0, vocab, 200)).node_id
+    w.finish("success", reward=1.0)
+    store.apply(w.events)
+    for call in calls:
+        np.testing.assert_array_equal(store.reconstruct_input(call.call_id), expected_input(w, call))
+        ids, lps = store.call_output(call.call_id)
+        np.testing.assert_array_equal(ids, call.output_ids)
+        np.testing.assert_array_equal(lps, call.output_logprobs)
+    live = store.projection_hash()
+    store.rebuild_projections()
+    assert store.projection_hash() == live
+
+
 def test_duplicate_events_change_nothing(store: Store) -> None:
     w = small_execution(2)
     store.apply(w.events)

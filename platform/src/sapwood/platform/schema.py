@@ -66,7 +66,7 @@ spans = Table(
     metadata,
     Column("digest", LargeBinary(16), primary_key=True, comment="BLAKE2b-128 of the canonical bytes"),
     Column("encoding", SmallInteger, nullable=False, server_default="0",
-           comment="0 canonical bytes, 1 ids as uint16, 2 ids as 3-byte integers (see spans.decode_span)"),
+           comment="0 canonical bytes, 1 uint16 ids, 2 3-byte ids, 3 uint16 + high bits (see span_encoding)"),
     Column("data", LargeBinary, nullable=False, comment="the span's bytes in its encoding"),
 )
 

@@ -2,9 +2,8 @@
 
 A span is a packed array (int32 token ids or float32 log-probs) stored once under the
 BLAKE2b-128 digest of its canonical bytes, whichever executions use it. Token spans are
-stored narrowed to the smallest width that holds their largest id (``encoding``: 2 bytes for
-ids < 65,536, 3 bytes below 16.7M — every current vocabulary — else 4); readers always get
-the canonical little-endian bytes back through :func:`decode_span`. On PostgreSQL new spans
+stored narrowed to the bits their largest id needs (:mod:`sapwood.platform.span_encoding`);
+readers always get the canonical little-endian bytes back. On PostgreSQL new spans
 go in through a binary ``COPY`` (:mod:`sapwood.platform.bulkcopy`); on SQLite through ``INSERT OR IGNORE``.
 """
 
@@ -20,48 +19,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.errors import StoreError, UnknownParentError
+from sapwood.platform.errors import UnknownParentError
+from sapwood.platform.span_encoding import decode_span, encode_span
 from sapwood.platform.tokens import TOKEN_DTYPE, TokenArray
 
 _CHUNK = 1000
-
-#: ``spans.encoding``: canonical bytes as they are hashed (int32 ids or float32 log-probs).
-ENC_RAW = 0
-#: Token ids as little-endian uint16 (every id < 65,536).
-ENC_U16 = 1
-#: Token ids as little-endian 3-byte unsigned integers (every id < 2**24).
-ENC_U24 = 2
-
-
-def encode_span(arr: np.ndarray) -> tuple[int, bytes]:
-    """(encoding, stored bytes) of a canonical span array: int32 ids [n] or float32 log-probs [n]."""
-    if arr.dtype != TOKEN_DTYPE or arr.size == 0:
-        return ENC_RAW, arr.tobytes()
-    bits = int(np.bitwise_or.reduce(arr))  # < 2**k and ≥ 0 exactly when every id is (one pass)
-    if bits < 0:
-        return ENC_RAW, arr.tobytes()
-    if bits < 1 << 16:
-        return ENC_U16, arr.astype("<u2").tobytes()
-    if bits < 1 << 24:
-        return ENC_U24, np.ascontiguousarray(arr).view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
-    return ENC_RAW, arr.tobytes()
-
-
-def decode_span(encoding: int, data: bytes | memoryview) -> bytes:
-    """Canonical bytes of a stored span (inverse of :func:`encode_span`)."""
-    if encoding == ENC_RAW:
-        return bytes(data)
-    if encoding == ENC_U16:
-        return np.frombuffer(data, dtype="<u2").astype(TOKEN_DTYPE).tobytes()
-    if encoding == ENC_U24:
-        raw = np.frombuffer(data, dtype=np.uint8)
-        if raw.size % 3:
-            raise StoreError(f"corrupt span: {raw.size} bytes is not a multiple of 3 (3-byte token ids)")
-        out = np.zeros((raw.size // 3, 4), dtype=np.uint8)
-        out[:, :3] = raw.reshape(-1, 3)
-        return out.tobytes()
-    raise StoreError(f"unknown span encoding {encoding}; expected {ENC_RAW}, {ENC_U16} or {ENC_U24}")
-
 
 def where_in(column: sa.ColumnElement[Any], values: list[str]) -> sa.ColumnElement[bool]:
     """``column IN values`` for a UUID column on PostgreSQL: one ``uuid[]`` literal parameter.

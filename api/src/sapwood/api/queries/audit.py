@@ -15,7 +15,8 @@ from sapwood.api.queries.cursors import decode_cursor, encode_cursor
 from sapwood.api.tokenizer import Tokenizer
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
-from sapwood.platform.spans import decode_span, load_spans
+from sapwood.platform.span_encoding import decode_span
+from sapwood.platform.spans import load_spans
 from sapwood.platform.tokens import TOKEN_DTYPE, digest_bytes, unpack_logprobs, unpack_tokens
 
 _n = t.nodes.c
