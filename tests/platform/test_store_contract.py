@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import sqlalchemy as sa
@@ -32,8 +34,12 @@ def _counts(store: Store) -> dict[str, int]:
 
 def test_apply_then_reconstruct_every_input_exactly(store: Store) -> None:
     w = small_execution(1)
+    t0 = time.perf_counter()
     result = store.apply(w.events)
+    wall = time.perf_counter() - t0
     assert len(result.applied) == len(w.events) and not result.rejected
+    assert set(result.timings) == {"lookups", "plan", "encode", "payloads", "store"}
+    assert all(v >= 0 for v in result.timings.values()) and sum(result.timings.values()) <= wall
     calls = [e for e in w.events if isinstance(e, ModelCall)]
     assert len(calls) > 10
     for call in calls:

@@ -14,8 +14,10 @@ events are returned as :class:`Rejected` (for the dead letters) and the rest are
 
 from __future__ import annotations
 
+import functools
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, send, spans_payload, text_payload
+from sapwood.platform.bulkcopy import COPY_MIN_ROWS, Payload, send, spans_payload, text_payload
 from sapwood.platform.errors import (
     ConflictError,
     DigestMismatchError,
@@ -96,6 +98,10 @@ class ApplyResult:
     tokens: int = 0
     #: Prefix states of the nodes created; merge into the cache only after commit.
     new_states: dict[str, Hasher] = field(default_factory=dict)
+    #: Seconds spent per phase: ``lookups`` (duplicates, stored state), ``plan`` (validation and
+    #: tree bookkeeping in Python), ``encode`` (new spans found and narrowed), ``payloads`` (COPY
+    #: data built), ``store`` (the database writing rows).
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -627,6 +633,7 @@ def apply_events(
         if not isinstance(ev, Event):
             raise ValidationError(f"apply_events expects Event objects, got {type(ev).__name__}")
     todo: list[Event] = list(events)
+    clock = time.perf_counter()
     if not replay:
         existing = _find_duplicates(conn, todo)
         seen: set[str] = set()
@@ -650,6 +657,7 @@ def apply_events(
         todo = fresh
     plan = _Plan(conn, cache, replay=replay)
     plan.load(todo)
+    result.timings["lookups"] = time.perf_counter() - clock
     for ev in todo:
         try:
             plan.plan(ev)
@@ -660,14 +668,18 @@ def apply_events(
             continue
         result.applied.append(ev)
         result.tokens += ev.n_tokens()
-    _write(conn, plan)
+    result.timings["plan"] = time.perf_counter() - clock - result.timings["lookups"]
+    _write(conn, plan, result.timings)
     result.new_states = {nid: plan.states[nid] for nid in plan.new_nodes if nid in plan.states}
     return result
 
 
-def _write(conn: Connection, plan: _Plan) -> None:
-    """Bulk-write a plan's rows into the caller's transaction."""
+def _write(conn: Connection, plan: _Plan, timings: dict[str, float]) -> None:
+    """Bulk-write a plan's rows into the caller's transaction; add phase seconds to ``timings``."""
+    clock = time.perf_counter()
     span_rows = new_span_rows(conn, plan.spans) if not plan.replay and plan.spans else []
+    timings["encode"] = time.perf_counter() - clock
+    building = 0.0
     inserts: list[tuple[sa.Table, list[dict[str, Any]]]] = [
         (t.events, plan.rows["events"]),
         (t.executions, [plan.execs[x] for x in sorted(plan.new_execs)]),
@@ -676,13 +688,17 @@ def _write(conn: Connection, plan: _Plan) -> None:
     ]
     small: list[tuple[sa.Table, list[dict[str, Any]]]] = []
     if conn.dialect.name == "postgresql":
-        if span_rows:
-            send(conn, spans_payload(span_rows))
+        builders: list[Callable[[], Payload]] = [functools.partial(spans_payload, span_rows)] if span_rows else []
         for table, rows in inserts:
             if len(rows) >= COPY_MIN_ROWS:
-                send(conn, text_payload(table, rows))
+                builders.append(functools.partial(text_payload, table, rows))
             elif rows:
                 small.append((table, rows))
+        for build in builders:
+            t0 = time.perf_counter()
+            payload = build()
+            building += time.perf_counter() - t0
+            send(conn, payload)
     else:
         insert_span_rows(conn, span_rows)
         small = [(table, rows) for table, rows in inserts if rows]
@@ -698,6 +714,8 @@ def _write(conn: Connection, plan: _Plan) -> None:
             .values({c: sa.bindparam(c) for c in cols})
         )
         conn.execute(stmt, [{"_eid": r["execution_id"], **{c: r[c] for c in cols}} for r in touched])
+    timings["payloads"] = building
+    timings["store"] = time.perf_counter() - clock - timings["encode"] - building
 
 
 def _bulk_update_nodes(conn: Connection, updates: dict[str, dict[str, Any]]) -> None:
