@@ -261,22 +261,26 @@ class _Plan:
         self.commit_changes(event, st, changes)
 
     def commit_changes(self, event: Event, st: dict[str, Any] | None, ch: _Changes) -> None:
-        for node_row, state in ch.nodes:
-            nid = node_row["node_id"]
-            self.new_nodes[nid] = node_row
-            self.nodes[nid] = _Node(
-                nid, node_row["execution_id"], node_row["role"], node_row["depth"], node_row["length"],
-                node_row["segment"],
-            )
-            self.children_new.setdefault(node_row["parent_id"], []).append(nid)
-            self.states[nid] = state
-            ch.exec_delta["n_nodes"] = ch.exec_delta.get("n_nodes", 0) + 1
-            ch.exec_delta["n_tokens"] = ch.exec_delta.get("n_tokens", 0) + node_row["length"]
-            parent = node_row["parent_id"] or node_row["prev_segment_node"]
-            if parent:
-                self._update_node(parent, is_leaf=False)
+        if ch.nodes:
+            n_tokens = 0
+            for node_row, state in ch.nodes:
+                nid = node_row["node_id"]
+                self.new_nodes[nid] = node_row
+                self.nodes[nid] = _Node(
+                    nid, node_row["execution_id"], node_row["role"], node_row["depth"], node_row["length"],
+                    node_row["segment"],
+                )
+                self.children_new.setdefault(node_row["parent_id"], []).append(nid)
+                self.states[nid] = state
+                n_tokens += node_row["length"]
+                parent = node_row["parent_id"] or node_row["prev_segment_node"]
+                if parent:
+                    self._update_node(parent, {"is_leaf": False})
+            delta = ch.exec_delta
+            delta["n_nodes"] = delta.get("n_nodes", 0) + len(ch.nodes)
+            delta["n_tokens"] = delta.get("n_tokens", 0) + n_tokens
         for nid, upd in ch.node_updates.items():
-            self._update_node(nid, **upd)
+            self._update_node(nid, upd)
         for digest, data in ch.spans.items():
             self.spans.setdefault(digest, data)
         for table, row in ch.rows:
@@ -294,9 +298,10 @@ class _Plan:
         if not self.replay:
             self.rows["events"].append(_event_row(event, ch.array_refs, ch.body_overrides))
 
-    def _update_node(self, node_id: str, **values: Any) -> None:
-        if node_id in self.new_nodes:
-            self.new_nodes[node_id].update(values)
+    def _update_node(self, node_id: str, values: dict[str, Any]) -> None:
+        row = self.new_nodes.get(node_id)
+        if row is not None:
+            row.update(values)
         else:
             self.node_updates.setdefault(node_id, {}).update(values)
 
@@ -370,12 +375,12 @@ class _Changes:
         digest = self.span(array_name, tokens)
         assert digest is not None
         data = self.spans[digest].data
-        local = {row["node_id"]: st for row, st in self.nodes}
+        local = next((st for row, st in self.nodes if parent is not None and row["node_id"] == parent.node_id), None)
         if parent is None:
             state = input_hasher()
             state.update(data)
-        elif parent.node_id in local:
-            state = local[parent.node_id].copy()
+        elif local is not None:  # the parent was created by this same event
+            state = local.copy()
             state.update(data)
         else:
             state = plan.child_state(parent.node_id, data)
