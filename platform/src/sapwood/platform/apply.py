@@ -276,9 +276,9 @@ class _Plan:
                 parent = node_row["parent_id"] or node_row["prev_segment_node"]
                 if parent:
                     self._update_node(parent, {"is_leaf": False})
-            delta = ch.exec_delta
-            delta["n_nodes"] = delta.get("n_nodes", 0) + len(ch.nodes)
-            delta["n_tokens"] = delta.get("n_tokens", 0) + n_tokens
+            counters = ch.exec_delta
+            counters["n_nodes"] = counters.get("n_nodes", 0) + len(ch.nodes)
+            counters["n_tokens"] = counters.get("n_tokens", 0) + n_tokens
         for nid, upd in ch.node_updates.items():
             self._update_node(nid, upd)
         for digest, data in ch.spans.items():
