@@ -78,6 +78,23 @@ def _raw_copy(store: Store, spans: dict[bytes, bytes]) -> float:
 LARGE_VOCAB = 151_936
 
 
+def _near_128k(store: Store, calls: list[ModelCall]) -> list[ModelCall]:
+    """The five calls whose inputs are closest to 128K tokens."""
+    return sorted(calls, key=lambda c: abs(store_input_len(store, c.call_id) - 131_072))[:5]
+
+
+def _reconstruct_ms(store: Store, calls: list[ModelCall], *, rounds: int) -> tuple[list[float], np.ndarray]:
+    """Sorted milliseconds of ``rounds`` reconstructions of each call's input, and the last input rebuilt."""
+    times: list[float] = []
+    ids = np.zeros(0, dtype=np.int32)
+    for _ in range(rounds):
+        for c in calls:
+            t0 = time.perf_counter()
+            ids = store.reconstruct_input(c.call_id)
+            times.append((time.perf_counter() - t0) * 1000)
+    return sorted(times), ids
+
+
 def _large_vocab(database_url: str, cfg: SynthConfig) -> dict[str, float]:
     """Stored bytes ÷ payload and 128K-token reconstruction p99 for one execution of ``cfg``, fresh database."""
     w = synthetic_execution(cfg)
@@ -90,17 +107,11 @@ def _large_vocab(database_url: str, cfg: SynthConfig) -> dict[str, float]:
         store.apply(w.events)
         stored = _relation_bytes(store) - base
         payload = 4 * store.stats()["tree_tokens"] + 4 * n_logprobs
-        big = sorted(calls, key=lambda c: abs(store_input_len(store, c.call_id) - 131_072))[:5]
-        times = []
-        for _ in range(20):
-            for c in big:
-                t0 = time.perf_counter()
-                store.reconstruct_input(c.call_id)
-                times.append((time.perf_counter() - t0) * 1000)
+        big = _near_128k(store, calls)
+        times, _ = _reconstruct_ms(store, big, rounds=20)
         store.close()
     finally:
         _drop_database(dsn, url)
-    times.sort()
     return {"stored_over_payload": round(stored / payload, 3),
             "reconstruct_p99_ms": round(times[int(len(times) * 0.99) - 1], 2)}
 
@@ -138,15 +149,11 @@ def run(database_url: str, *, repeats: int, seed: int) -> dict[str, Any]:
             stored.append(_relation_bytes(store) - base)
             stats = store.stats()
             if r == 0:
-                big = sorted(calls, key=lambda c: abs(store_input_len(store, c.call_id) - 131_072))[:5]
+                big = _near_128k(store, calls)
                 store.cache = type(store.cache)(store.cache.max_nodes)
                 for c in big:  # warm-up, then measure
                     store.reconstruct_input(c.call_id)
-                for _ in range(40):
-                    for c in big:
-                        t1 = time.perf_counter()
-                        ids = store.reconstruct_input(c.call_id)
-                        recon_ms.append((time.perf_counter() - t1) * 1000)
+                recon_ms, ids = _reconstruct_ms(store, big, rounds=40)
                 recon_len = int(ids.size)
                 expected = np.concatenate([w.context(big[-1].parent), big[-1].appended])  # type: ignore[arg-type]
                 assert np.array_equal(ids, expected), "reconstruction differs from the recorded input"
@@ -158,7 +165,6 @@ def run(database_url: str, *, repeats: int, seed: int) -> dict[str, Any]:
     naive = 4 * stats["naive_tokens"] + 4 * n_logprobs
     apply_tps = tokens / statistics.median(apply_s)
     copy_tps = tokens / statistics.median(copy_s)
-    recon_ms.sort()
     return {
         "tokens": tokens,
         "calls": len(calls),
