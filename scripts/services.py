@@ -654,7 +654,7 @@ def start_kafka() -> dict[str, Any]:
         controller_port = free_port()
     config = kdir / "server.properties"
     config.write_text(kafka_properties(port, controller_port, log_dir))
-    cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     fmt = _run(
         [
             _java(),
@@ -663,8 +663,7 @@ def start_kafka() -> dict[str, Any]:
             _kafka_classpath(libs),
             "kafka.tools.StorageTool",
             "format",
-            "-t",
-            cluster_id,
+            f"--cluster-id={cluster_id}",
             "-c",
             str(config),
         ],
@@ -685,6 +684,18 @@ def start_kafka() -> dict[str, Any]:
     }
     launch_kafka(kafka)
     return kafka
+
+
+def new_cluster_id() -> str:
+    """A random 22-character cluster id, as Kafka's own tool makes them.
+
+    Like Kafka's ``Uuid.randomUuid`` it never starts with ``-``: the storage tool's argument
+    parser would read such an id as an option (one start in 64 failed that way).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def stop_kafka_process(kafka: dict[str, Any]) -> None:
