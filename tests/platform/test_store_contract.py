@@ -38,7 +38,7 @@ def test_apply_then_reconstruct_every_input_exactly(store: Store) -> None:
     result = store.apply(w.events)
     wall = time.perf_counter() - t0
     assert len(result.applied) == len(w.events) and not result.rejected
-    assert set(result.timings) == {"lookups", "plan", "encode", "payloads", "store"}
+    assert set(result.timings) == {"lookups", "digests", "plan", "spans", "payloads", "store"}
     assert all(v >= 0 for v in result.timings.values()) and sum(result.timings.values()) <= wall
     calls = [e for e in w.events if isinstance(e, ModelCall)]
     assert len(calls) > 10

@@ -8,6 +8,9 @@ the caller's transaction — so either the whole batch lands or nothing does.
 
 Work is split in two phases: *plan* validates each event against the stored state plus the
 effects of the batch's earlier events (an in-memory overlay), *write* bulk-inserts the rows.
+On PostgreSQL the two overlap: new spans stream to the server while later events are still
+being planned (:mod:`sapwood.platform.span_stream`), and each table's COPY data is built while
+the server stores the previous table's.
 In ``strict`` mode the first invalid event raises and nothing is written; otherwise invalid
 events are returned as :class:`Rejected` (for the dead letters) and the rest are applied.
 """
@@ -26,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, Payload, send, spans_payload, text_payload
+from sapwood.platform.bulkcopy import COPY_MIN_ROWS, Payload, send_overlapped, spans_payload, text_payload
 from sapwood.platform.errors import (
     ConflictError,
     DigestMismatchError,
@@ -47,7 +50,8 @@ from sapwood.platform.events import (
     Prompt,
     SegmentBoundary,
 )
-from sapwood.platform.spans import insert_span_rows, new_span_rows, path_tokens, where_in
+from sapwood.platform.span_stream import SpanStream
+from sapwood.platform.spans import existing_digests, insert_span_rows, new_span_rows, path_tokens, where_in
 from sapwood.platform.tokens import digest_bytes, input_hasher, pack
 
 Hasher = Any  # hashlib.blake2b object
@@ -98,9 +102,10 @@ class ApplyResult:
     tokens: int = 0
     #: Prefix states of the nodes created; merge into the cache only after commit.
     new_states: dict[str, Hasher] = field(default_factory=dict)
-    #: Seconds spent per phase: ``lookups`` (duplicates, stored state), ``plan`` (validation and
-    #: tree bookkeeping in Python), ``encode`` (new spans found and narrowed), ``payloads`` (COPY
-    #: data built), ``store`` (the database writing rows).
+    #: Seconds spent per phase: ``lookups`` (duplicates, stored state), ``digests`` (content
+    #: addresses of the batch's arrays and which are stored already), ``plan`` (validation and tree
+    #: bookkeeping in Python), ``spans`` (new spans narrowed, framed and sent), ``payloads`` (COPY
+    #: data of the other tables built), ``store`` (waiting for the database to write rows).
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -124,10 +129,18 @@ _EXEC_COUNTERS = ("n_nodes", "n_tokens", "n_input_tokens", "n_output_tokens", "n
 class _Plan:
     """Validated effects of a batch, not yet written."""
 
-    def __init__(self, conn: Connection, cache: ContextCache | None, *, replay: bool) -> None:
+    def __init__(
+        self, conn: Connection, cache: ContextCache | None, *, replay: bool, stream: SpanStream | None = None
+    ) -> None:
         self.conn = conn
         self.cache = cache
         self.replay = replay
+        #: Where new spans go as soon as their event is planned (PostgreSQL); else written at the end.
+        self.stream = stream
+        #: id(array) → (array, digest), computed up front by :meth:`prepare_spans`.
+        self.digests: dict[int, tuple[np.ndarray, bytes]] = {}
+        #: digest → whether the store already holds that span (before this batch).
+        self.span_stored: dict[bytes, bool] = {}
         self.execs: dict[str, dict[str, Any]] = {}
         self.new_execs: set[str] = set()
         self.nodes: dict[str, _Node] = {}
@@ -172,6 +185,35 @@ class _Plan:
         self.batch_node_ids = created
         self._load_nodes(refs)
 
+    def prepare_spans(self, events: Sequence[Event]) -> None:
+        """Digest every array of ``events`` in one pass and look up which spans are stored already."""
+        for e in events:
+            for arr in e.array_fields().values():
+                if arr.size:
+                    self.digests[id(arr)] = (arr, digest_bytes(np.ascontiguousarray(arr).data))
+        wanted = {d for _, d in self.digests.values()}
+        stored = existing_digests(self.conn, wanted)
+        self.span_stored = {d: d in stored for d in wanted}
+
+    def digest_of(self, arr: np.ndarray) -> bytes:
+        """Content address of a contiguous canonical array (from :meth:`prepare_spans` when known)."""
+        known = self.digests.get(id(arr))
+        if known is not None and known[0] is arr:
+            return known[1]
+        return digest_bytes(arr.data)
+
+    def db(self) -> Connection:
+        """The connection, ready for a query (an open span COPY is ended first)."""
+        if self.stream is not None:
+            self.stream.pause()
+        return self.conn
+
+    def _span_stored(self, digest: bytes) -> bool:
+        stored = self.span_stored.get(digest)
+        if stored is None:
+            stored = self.span_stored[digest] = bool(existing_digests(self.db(), [digest]))
+        return stored
+
     def _load_nodes(self, node_ids: Iterable[str]) -> None:
         wanted = [n for n in node_ids if n not in self.nodes]
         if not wanted:
@@ -179,7 +221,7 @@ class _Plan:
         cols = t.nodes.c
         cond = where_in(cols.node_id, wanted) if self.conn.dialect.name == "postgresql" else cols.node_id.in_(wanted)
         q = sa.select(cols.node_id, cols.execution_id, cols.role, cols.depth, cols.length, cols.segment).where(cond)
-        for r in self.conn.execute(q):
+        for r in self.db().execute(q):
             self.nodes[r.node_id] = _Node(r.node_id, r.execution_id, r.role, r.depth, r.length, r.segment)
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -202,7 +244,7 @@ class _Plan:
             state = self.cache.get(node_id)
         if state is None:
             state = input_hasher()
-            state.update(pack(path_tokens(self.conn, node_id)))
+            state.update(pack(path_tokens(self.db(), node_id)))
             self.states[node_id] = state
         return state
 
@@ -255,7 +297,7 @@ class _Plan:
         event.validate()
         st = self.check_seq(event)
         event.check_vocab(st["vocab_size"] if st is not None else None)
-        changes = _Changes()
+        changes = _Changes(digest_of=self.digest_of)
         handler = _HANDLERS[type(event)]
         handler(self, event, st, changes)
         self.commit_changes(event, st, changes)
@@ -282,7 +324,11 @@ class _Plan:
         for nid, upd in ch.node_updates.items():
             self._update_node(nid, upd)
         for digest, data in ch.spans.items():
-            self.spans.setdefault(digest, data)
+            if digest in self.spans:
+                continue
+            self.spans[digest] = data
+            if self.stream is not None and not self._span_stored(digest):
+                self.stream.add(digest, data)
         for table, row in ch.rows:
             self.rows[table].append(row)
         if ch.new_exec is not None:
@@ -325,7 +371,7 @@ class _Plan:
         c = t.nodes.c
         cond = c.parent_id.is_(None) if parent is None else c.parent_id == parent
         q = sa.select(c.node_id, c.span_digest, c.length, c.segment).where(c.execution_id == execution_id, cond)
-        out = [(r.node_id, bytes(r.span_digest), r.length) for r in self.conn.execute(q) if parent or r.segment == 0]
+        out = [(r.node_id, bytes(r.span_digest), r.length) for r in self.db().execute(q) if parent or r.segment == 0]
         for nid in self.children_new.get(parent, []):
             row = self.new_nodes[nid]
             if row["execution_id"] == execution_id and (parent or row["segment"] == 0):
@@ -345,6 +391,7 @@ class _Changes:
     array_refs: dict[str, list[Any]] = field(default_factory=dict)
     policy_key: tuple[str, int] | None = None
     body_overrides: dict[str, Any] = field(default_factory=dict)
+    digest_of: Callable[[np.ndarray], bytes] = lambda arr: digest_bytes(arr.data)
 
     def span(self, name: str, arr: np.ndarray) -> bytes | None:
         """Register ``arr`` as a span; return its digest (None when empty)."""
@@ -352,7 +399,7 @@ class _Changes:
             self.array_refs[name] = [None, 0]
             return None
         arr = np.ascontiguousarray(arr)
-        digest = digest_bytes(arr.data)
+        digest = self.digest_of(arr)
         self.spans.setdefault(digest, arr)
         self.array_refs[name] = [digest.hex(), int(arr.size)]
         return digest
@@ -371,19 +418,23 @@ class _Changes:
         prev_segment_node: str | None = None,
         call_id: str | None = None,
         policy_version: int | None = None,
+        state: Hasher | None = None,
     ) -> dict[str, Any]:
+        """Add a node of ``tokens`` under ``parent``; ``state``: the context hash after it, when known."""
         digest = self.span(array_name, tokens)
         assert digest is not None
-        data = self.spans[digest].data
-        local = next((st for row, st in self.nodes if parent is not None and row["node_id"] == parent.node_id), None)
-        if parent is None:
-            state = input_hasher()
-            state.update(data)
-        elif local is not None:  # the parent was created by this same event
-            state = local.copy()
-            state.update(data)
-        else:
-            state = plan.child_state(parent.node_id, data)
+        if state is None:
+            data = self.spans[digest].data
+            local = next((st for row, st in self.nodes if parent is not None and row["node_id"] == parent.node_id),
+                         None)
+            if parent is None:
+                state = input_hasher()
+                state.update(data)
+            elif local is not None:  # the parent was created by this same event
+                state = local.copy()
+                state.update(data)
+            else:
+                state = plan.child_state(parent.node_id, data)
         row = {
             "node_id": node_id,
             "execution_id": event.execution_id,
@@ -473,7 +524,7 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], ch: _Changes) -> None
         )
     if appended.size:
         in_row = ch.add_node(plan, node_id=e.input_node_id or "", event=e, parent=parent, role=t.ROLE_PROMPT,
-                             array_name="appended", tokens=appended)
+                             array_name="appended", tokens=appended, state=state)
         input_parent = _Node(in_row["node_id"], exec_id, t.ROLE_PROMPT, in_row["depth"], in_row["length"],
                              in_row["segment"])
     else:
@@ -558,7 +609,7 @@ def _h_score(plan: _Plan, e: PartialScore, st: dict[str, Any], ch: _Changes) -> 
 
 def _h_policy(plan: _Plan, e: PolicyPublished, st: Any, ch: _Changes) -> None:
     key = (e.run_id, e.version)
-    exists = key in plan.policy_keys or plan.conn.execute(
+    exists = key in plan.policy_keys or plan.db().execute(
         sa.select(t.policy_versions.c.version).where(
             t.policy_versions.c.run_id == e.run_id, t.policy_versions.c.version == e.version
         )
@@ -660,21 +711,32 @@ def apply_events(
             seen.add(ev.event_id)
             fresh.append(ev)
         todo = fresh
-    plan = _Plan(conn, cache, replay=replay)
-    plan.load(todo)
-    result.timings["lookups"] = time.perf_counter() - clock
-    for ev in todo:
-        try:
-            plan.plan(ev)
-        except (ValidationError, ConflictError) as exc:
-            if strict:
-                raise
-            result.rejected.append(Rejected(ev, exc))
-            continue
-        result.applied.append(ev)
-        result.tokens += ev.n_tokens()
-    result.timings["plan"] = time.perf_counter() - clock - result.timings["lookups"]
-    _write(conn, plan, result.timings)
+    stream = SpanStream(conn) if conn.dialect.name == "postgresql" and not replay and todo else None
+    plan = _Plan(conn, cache, replay=replay, stream=stream)
+    timings = result.timings
+    try:
+        plan.load(todo)
+        timings["lookups"] = time.perf_counter() - clock
+        if stream is not None:
+            plan.prepare_spans(todo)
+        timings["digests"] = time.perf_counter() - clock - timings["lookups"]
+        for ev in todo:
+            try:
+                plan.plan(ev)
+            except (ValidationError, ConflictError) as exc:
+                if strict:
+                    raise
+                result.rejected.append(Rejected(ev, exc))
+                continue
+            result.applied.append(ev)
+            result.tokens += ev.n_tokens()
+        streamed = stream.seconds if stream is not None else 0.0
+        timings["plan"] = time.perf_counter() - clock - timings["lookups"] - timings["digests"] - streamed
+        _write(conn, plan, timings)
+    except BaseException as exc:
+        if stream is not None:
+            stream.abort(exc)
+        raise
     result.new_states = {nid: plan.states[nid] for nid in plan.new_nodes if nid in plan.states}
     return result
 
@@ -682,8 +744,10 @@ def apply_events(
 def _write(conn: Connection, plan: _Plan, timings: dict[str, float]) -> None:
     """Bulk-write a plan's rows into the caller's transaction; add phase seconds to ``timings``."""
     clock = time.perf_counter()
-    span_rows = new_span_rows(conn, plan.spans) if not plan.replay and plan.spans else []
-    timings["encode"] = time.perf_counter() - clock
+    stream = plan.stream
+    span_rows = new_span_rows(conn, plan.spans) if stream is None and not plan.replay and plan.spans else []
+    spans_s = time.perf_counter() - clock
+    planned_stream_s = stream.seconds if stream is not None else 0.0
     building = 0.0
     inserts: list[tuple[sa.Table, list[dict[str, Any]]]] = [
         (t.events, plan.rows["events"]),
@@ -699,11 +763,10 @@ def _write(conn: Connection, plan: _Plan, timings: dict[str, float]) -> None:
                 builders.append(functools.partial(text_payload, table, rows))
             elif rows:
                 small.append((table, rows))
-        for build in builders:
-            t0 = time.perf_counter()
-            payload = build()
-            building += time.perf_counter() - t0
-            send(conn, payload)
+        if stream is not None:
+            # Its last rows still go out and are stored while the first table's payload is built.
+            stream.flush()
+        building = send_overlapped(conn, builders, finish_previous=stream.close if stream is not None else None)
     else:
         insert_span_rows(conn, span_rows)
         small = [(table, rows) for table, rows in inserts if rows]
@@ -719,8 +782,10 @@ def _write(conn: Connection, plan: _Plan, timings: dict[str, float]) -> None:
             .values({c: sa.bindparam(c) for c in cols})
         )
         conn.execute(stmt, [{"_eid": r["execution_id"], **{c: r[c] for c in cols}} for r in touched])
+    flushed_s = stream.seconds - planned_stream_s if stream is not None else 0.0
+    timings["spans"] = spans_s + (stream.seconds if stream is not None else 0.0)
     timings["payloads"] = building
-    timings["store"] = time.perf_counter() - clock - timings["encode"] - building
+    timings["store"] = time.perf_counter() - clock - spans_s - flushed_s - building
 
 
 def _bulk_update_nodes(conn: Connection, updates: dict[str, dict[str, Any]]) -> None:

@@ -1,16 +1,19 @@
 """Bulk writes on PostgreSQL: COPY payloads built in Python with one formatter per column type.
 
 Rows go in COPY's text format; spans (three fields of known types) in its binary format,
-framed directly. Both are cheaper than the driver's per-value adaptation. (Sending from a
-background thread while the next payload is formatted was tried: under the GIL the sender
-waits for the formatter and the total got slower.)
+framed directly. Both are cheaper than the driver's per-value adaptation. Several payloads go
+out with :func:`send_overlapped`: each is built while the server still stores the previous
+one. (Sending from a background thread while the next payload is formatted was tried: under
+the GIL the sender waits for the formatter and the total got slower.)
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,8 +27,9 @@ _ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 # Binary COPY framing: signature, flags, header extension; per row a field count and
 # length-prefixed fields; trailer -1.
-_BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
-_BINARY_TRAILER = struct.pack("!h", -1)
+BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
+BINARY_TRAILER = struct.pack("!h", -1)
+SPANS_COPY = "COPY spans (digest, encoding, data) FROM STDIN (FORMAT BINARY)"
 _SPAN_HEAD = struct.Struct("!hi")  # 3 fields, digest length
 _SPAN_MID = struct.Struct("!ihi")  # int2 length (2), encoding, data length
 
@@ -83,13 +87,19 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def frame_span(parts: list[bytes], digest: bytes, encoding: int, data: bytes) -> int:
+    """Append one binary-COPY ``spans`` row to ``parts``; return the bytes added."""
+    parts += (_SPAN_HEAD.pack(3, len(digest)), digest, _SPAN_MID.pack(2, encoding, len(data)), data)
+    return _SPAN_HEAD.size + len(digest) + _SPAN_MID.size + len(data)
+
+
 def spans_payload(rows: list[tuple[bytes, int, bytes]]) -> Payload:
     """Binary ``COPY spans`` of (digest, encoding, data) rows."""
-    parts = [_BINARY_HEADER]
+    parts = [BINARY_HEADER]
     for digest, enc, data in rows:
-        parts += (_SPAN_HEAD.pack(3, len(digest)), digest, _SPAN_MID.pack(2, enc, len(data)), data)
-    parts.append(_BINARY_TRAILER)
-    return "COPY spans (digest, encoding, data) FROM STDIN (FORMAT BINARY)", b"".join(parts)
+        frame_span(parts, digest, enc, data)
+    parts.append(BINARY_TRAILER)
+    return SPANS_COPY, b"".join(parts)
 
 
 def send(conn: Connection, payload: Payload) -> None:
@@ -98,6 +108,64 @@ def send(conn: Connection, payload: Payload) -> None:
     raw = conn.connection.driver_connection
     with raw.cursor() as cur, cur.copy(sql) as copy:  # type: ignore[union-attr]
         copy.write(data)
+
+
+def open_copy(conn: Connection, sql: str) -> tuple[ExitStack, Any]:
+    """Start ``sql`` (a ``COPY ... FROM STDIN``) on the transaction's connection.
+
+    Returns the stack that ends it (``close()`` waits for the server's result) and the
+    driver's copy object to ``write`` to.
+    """
+    raw = conn.connection.driver_connection
+    stack = ExitStack()
+    try:
+        cursor = stack.enter_context(raw.cursor())  # type: ignore[union-attr]
+        copy = stack.enter_context(cursor.copy(sql))
+    except BaseException:
+        stack.close()
+        raise
+    return stack, copy
+
+
+def abort_copy(stack: ExitStack, exc: BaseException) -> None:
+    """End an open COPY because of ``exc``: the server discards its rows and fails the transaction."""
+    stack.__exit__(type(exc), exc, exc.__traceback__)
+
+
+def send_overlapped(
+    conn: Connection, builders: Iterable[Callable[[], Payload]], *, finish_previous: Callable[[], None] | None = None
+) -> float:
+    """Run the COPY payloads that ``builders`` make, one after another; return seconds spent building.
+
+    Each payload is built while the server still stores the one before (its data is already
+    written; only the end of its COPY is pending), so Python and PostgreSQL work at the same
+    time. ``finish_previous`` ends a COPY the caller left open the same way.
+    """
+    building = 0.0
+    pending: ExitStack | None = None
+    try:
+        for build in builders:
+            t0 = time.perf_counter()
+            sql, data = build()
+            building += time.perf_counter() - t0
+            if pending is not None:
+                done, pending = pending, None
+                done.close()
+            elif finish_previous is not None:
+                finish_previous()
+            finish_previous = None
+            pending, copy = open_copy(conn, sql)
+            copy.write(data)
+        if pending is not None:
+            done, pending = pending, None
+            done.close()
+        elif finish_previous is not None:
+            finish_previous()
+    except BaseException as exc:
+        if pending is not None:
+            abort_copy(pending, exc)
+        raise
+    return building
 
 
 def bulk_insert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
@@ -110,4 +178,17 @@ def bulk_insert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -
     send(conn, text_payload(table, rows))
 
 
-__all__ = ["COPY_MIN_ROWS", "bulk_insert", "send", "spans_payload", "text_payload"]
+__all__ = [
+    "BINARY_HEADER",
+    "BINARY_TRAILER",
+    "COPY_MIN_ROWS",
+    "SPANS_COPY",
+    "abort_copy",
+    "bulk_insert",
+    "frame_span",
+    "open_copy",
+    "send",
+    "send_overlapped",
+    "spans_payload",
+    "text_payload",
+]
