@@ -38,3 +38,10 @@ def test_copy_text_per_column_type() -> None:
     assert data == b"6b1c8a5e-0000-4000-8000-000000000001\t\\N\t2\t\\\\x01ff\tt\t3\n"
     _, data = text_payload(t.events, [{"kind": "a\tb\\", "created_at": np.float32(0.5), "body": {"a": "x\ty"}}])
     assert data == b'a\\tb\\\\\t0.5\t{"a":"x\\\\ty"}\n'
+
+
+def test_json_columns_take_numpy_scalars_int_keys_and_big_ints() -> None:
+    _, data = text_payload(t.events, [{"body": {"k": np.int64(3), "f": np.float32(0.5), 1: "x"}}])
+    assert data == b'{"k":3,"f":0.5,"1":"x"}\n'
+    _, data = text_payload(t.events, [{"body": {"big": 2**70}}])  # beyond 64 bits: the standard library writes it
+    assert data == b'{"big":1180591620717411303424}\n'

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -83,8 +84,15 @@ def _row_formatter(table: sa.Table, cols: tuple[str, ...]) -> Callable[[list[dic
     return fn
 
 
+_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    """Compact JSON text (orjson; the standard library for what orjson refuses, e.g. ints beyond 64 bits)."""
+    try:
+        return orjson.dumps(value, option=_ORJSON_OPTIONS).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":"))
 
 
 def frame_span(parts: list[bytes], digest: bytes, encoding: int, data: bytes) -> int:
