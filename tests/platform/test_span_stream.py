@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import psycopg
 import pytest
 import sqlalchemy as sa
 from tests.support.histories import small_execution
 
+from sapwood.platform import apply as apply_module
 from sapwood.platform import schema as t
 from sapwood.platform import span_stream
-from sapwood.platform.errors import DigestMismatchError
+from sapwood.platform.errors import DigestMismatchError, StoreUnavailableError
 from sapwood.platform.events import ModelCall
 from sapwood.platform.span_stream import SpanStream
 from sapwood.platform.spans import load_spans
@@ -118,3 +120,30 @@ def test_rejected_events_spans_are_not_stored(pg_store: Store, tiny_flushes: Non
                                    for a in e.array_fields().values() if a.size])
     assert len(stored) == len({digest_bytes(np.ascontiguousarray(a).data) for e in result.applied
                                for a in e.array_fields().values() if a.size})
+
+
+def test_connection_killed_while_spans_stream(pg_url: str, tiny_flushes: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend dies mid-batch with a COPY open: the error says the store is unavailable, nothing
+    is half-stored, and the next batch goes through on a fresh connection."""
+    store = Store.open(pg_url)
+    w = small_execution(34)
+    planned = 0
+    original = apply_module._Plan.plan
+
+    def plan_then_kill(self: apply_module._Plan, event: object) -> None:
+        nonlocal planned
+        original(self, event)  # type: ignore[arg-type]
+        planned += 1
+        if planned == len(w.events) // 2:
+            pid = self.conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
+            with psycopg.connect(store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
+                                 autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    monkeypatch.setattr(apply_module._Plan, "plan", plan_then_kill)
+    before = _counts(store)
+    with pytest.raises(StoreUnavailableError):
+        store.apply(w.events)
+    monkeypatch.setattr(apply_module._Plan, "plan", original)
+    assert _counts(store) == before
+    assert len(store.apply(w.events).applied) == len(w.events)
