@@ -12,6 +12,7 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import (
     ConflictError,
     DigestMismatchError,
+    DTypeError,
     SequenceError,
     TokenRangeError,
     UnknownParentError,
@@ -218,6 +219,41 @@ def test_collect_mode_rejects_bad_events_and_applies_the_rest(store: Store) -> N
     assert reasons <= {"digest_mismatch", "sequence"} and "digest_mismatch" in reasons
     assert all(r.event.execution_id == a.execution_id for r in result.rejected)
     assert {e.event_id for e in result.applied} >= {e.event_id for e in b.events}
+
+
+BAD_NUMBERS = {
+    "nan log-prob": ("output_logprobs", np.array([-0.5, np.nan], np.float32), DTypeError, "finite log-probabilities"),
+    "positive log-prob": ("output_logprobs", np.array([-0.5, 0.5], np.float32), DTypeError, "finite"),
+    "-inf log-prob": ("output_logprobs", np.array([-np.inf, -0.5], np.float32), DTypeError, "finite"),
+    "negative id": ("output_ids", np.array([5, -3], np.int32), TokenRangeError, "must be ≥ 0"),
+    "id beyond vocabulary": ("appended", np.array([4, 100], np.int32), TokenRangeError, "out of vocabulary"),
+}
+
+
+def test_bad_numbers_in_a_batch_are_rejected_and_the_rest_applied(store: Store) -> None:
+    """Each event with a bad value is rejected for it (the batch-wide checks flag the right array);
+    the good events around it, before and after, are all applied."""
+    good_before, good_after = small_execution(21), small_execution(22)
+    bad: dict[str, tuple[ModelCall, type[Exception], str]] = {}
+    events = list(good_before.events)
+    for case, (field, values, error, message) in BAD_NUMBERS.items():
+        w = ExecutionWriter(run_id="r", task_id=case, vocab_size=100)
+        w.start()
+        root = w.prompt([1, 2, 3])
+        call = w.call(root.node_id, [4, 5], [6, 7], [-0.1, -0.2])
+        setattr(call, field, values)
+        bad[case] = (call, error, message)
+        events += w.events
+    events += good_after.events
+    result = store.apply(events, strict=False)
+    by_id = {r.event.event_id: r.error for r in result.rejected}
+    assert len(by_id) == len(bad)
+    for case, (call, error, message) in bad.items():
+        assert isinstance(by_id[call.event_id], error), case
+        assert message in str(by_id[call.event_id]), case
+    applied = {e.event_id for e in result.applied}
+    assert applied >= {e.event_id for e in good_before.events + good_after.events}
+    assert len(applied) == len(events) - len(bad)
 
 
 def test_full_token_inputs_share_existing_nodes(store: Store) -> None:

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
+from sapwood.platform.array_stats import ArrayStats, batch_stats
 from sapwood.platform.bulkcopy import COPY_MIN_ROWS, Payload, send_overlapped, spans_payload, text_payload
 from sapwood.platform.errors import (
     ConflictError,
@@ -141,6 +142,8 @@ class _Plan:
         self.digests: dict[int, tuple[np.ndarray, bytes]] = {}
         #: digest → whether the store already holds that span (before this batch).
         self.span_stored: dict[bytes, bool] = {}
+        #: Batch-wide array figures from :meth:`prepare_arrays` (empty until then).
+        self.stats = ArrayStats()
         self.execs: dict[str, dict[str, Any]] = {}
         self.new_execs: set[str] = set()
         self.nodes: dict[str, _Node] = {}
@@ -185,12 +188,15 @@ class _Plan:
         self.batch_node_ids = created
         self._load_nodes(refs)
 
-    def prepare_spans(self, events: Sequence[Event]) -> None:
-        """Digest every array of ``events`` in one pass and look up which spans are stored already."""
-        for e in events:
-            for arr in e.array_fields().values():
-                if arr.size:
-                    self.digests[id(arr)] = (arr, digest_bytes(np.ascontiguousarray(arr).data))
+    def prepare_arrays(self, events: Sequence[Event], *, spans: bool) -> None:
+        """Check figures of every array of ``events`` in a few vectorized passes; with ``spans``, also
+        digest every array and look up which spans are stored already."""
+        arrays = [arr for e in events for arr in e.array_fields().values() if arr.size]
+        self.stats = batch_stats(arrays)
+        if not spans:
+            return
+        for arr in arrays:
+            self.digests[id(arr)] = (arr, digest_bytes(np.ascontiguousarray(arr).data))
         wanted = {d for _, d in self.digests.values()}
         stored = existing_digests(self.conn, wanted)
         self.span_stored = {d: d in stored for d in wanted}
@@ -294,13 +300,32 @@ class _Plan:
     # -- planning one event ---------------------------------------------------------------------------
     def plan(self, event: Event) -> None:
         """Validate ``event`` against the current state and add its effects, or raise."""
-        event.validate()
+        event.validate(numbers=False)
+        self.check_numbers(event)
         st = self.check_seq(event)
-        event.check_vocab(st["vocab_size"] if st is not None else None)
+        self.check_vocab(event, st["vocab_size"] if st is not None else None)
         changes = _Changes(digest_of=self.digest_of)
         handler = _HANDLERS[type(event)]
         handler(self, event, st, changes)
         self.commit_changes(event, st, changes)
+
+    def check_numbers(self, event: Event) -> None:
+        """:meth:`Event.check_numbers` through the batch's figures (the exact check on a doubt)."""
+        for name, kind in event.arrays:
+            if kind == "logprobs" and not self.stats.logprobs_ok(getattr(event, name)):
+                event.check_numbers()
+                return
+
+    def check_vocab(self, event: Event, vocab_size: int | None) -> None:
+        """:meth:`Event.check_vocab` through the batch's figures (the exact check on a doubt)."""
+        limit = vocab_size if vocab_size is not None else 1 << 31
+        for name, kind in event.arrays:
+            if kind == "tokens":
+                arr = getattr(event, name)
+                top = self.stats.token_top(arr)
+                if arr.size and (top is None or top >= limit):
+                    event.check_vocab(vocab_size)
+                    return
 
     def commit_changes(self, event: Event, st: dict[str, Any] | None, ch: _Changes) -> None:
         if ch.nodes:
@@ -328,7 +353,7 @@ class _Plan:
                 continue
             self.spans[digest] = data
             if self.stream is not None and not self._span_stored(digest):
-                self.stream.add(digest, data)
+                self.stream.add(digest, data, bits=self.stats.token_bits(data))
         for table, row in ch.rows:
             self.rows[table].append(row)
         if ch.new_exec is not None:
@@ -425,8 +450,12 @@ class _Changes:
         assert digest is not None
         if state is None:
             data = self.spans[digest].data
-            local = next((st for row, st in self.nodes if parent is not None and row["node_id"] == parent.node_id),
-                         None)
+            local = None
+            if parent is not None:
+                for row, st in self.nodes:
+                    if row["node_id"] == parent.node_id:
+                        local = st
+                        break
             if parent is None:
                 state = input_hasher()
                 state.update(data)
@@ -717,8 +746,7 @@ def apply_events(
     try:
         plan.load(todo)
         timings["lookups"] = time.perf_counter() - clock
-        if stream is not None:
-            plan.prepare_spans(todo)
+        plan.prepare_arrays(todo, spans=stream is not None)
         timings["digests"] = time.perf_counter() - clock - timings["lookups"]
         for ev in todo:
             try:

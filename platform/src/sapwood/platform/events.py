@@ -28,12 +28,14 @@ from sapwood.platform.errors import (
     ValidationError,
 )
 from sapwood.platform.tokens import (
+    MAX_LOGPROB,
     FloatArray,
     TokenArray,
     as_logprobs,
     as_tokens,
     check_token_range,
 )
+from sapwood.platform.uuids import canonical_uuid
 
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
@@ -93,8 +95,12 @@ class Event:
             object.__setattr__(self, name, value)
 
     # -- static validation (no store needed) ---------------------------------------------------------
-    def validate(self) -> None:
-        """Check everything that can be checked without the store; raise :class:`ValidationError`."""
+    def validate(self, *, numbers: bool = True) -> None:
+        """Check everything that can be checked without the store; raise :class:`ValidationError`.
+
+        ``numbers=False`` leaves out :meth:`check_numbers` (for callers that check a whole batch's
+        arrays at once).
+        """
         if self.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
             raise SchemaVersionError(
                 f"unknown schema version {self.schema_version}; this Sapwood reads versions "
@@ -102,7 +108,7 @@ class Event:
                 event_id=self.event_id,
             )
         try:
-            uuid.UUID(self.event_id)
+            canonical_uuid(self.event_id)
         except (ValueError, AttributeError, TypeError):
             raise ValidationError(f"event_id must be a UUID string, got {self.event_id!r}") from None
         if self.execution_scoped:
@@ -114,9 +120,14 @@ class Event:
                     event_id=self.event_id,
                 )
         self._validate()
+        if numbers:
+            self.check_numbers()
 
     def _validate(self) -> None:
         """Kind-specific checks."""
+
+    def check_numbers(self) -> None:
+        """Checks that read every value of an array (model calls: log-probs finite and ≤ 0)."""
 
     @property
     def execution_scoped(self) -> bool:
@@ -279,13 +290,6 @@ class ModelCall(Event):
                 "expected one rollout log-prob per output token",
                 event_id=self.event_id,
             )
-        lp = self.output_logprobs
-        if not np.all(np.isfinite(lp)) or float(lp.max()) > 1e-4:
-            raise DTypeError(
-                "model_call.output_logprobs must be finite log-probabilities ≤ 0, "
-                f"got range [{float(np.nanmin(lp))}, {float(np.nanmax(lp))}]",
-                event_id=self.event_id,
-            )
         if self.parent is None and self.appended.size == 0:
             raise ValidationError("model_call: empty input (no parent and no tokens)", event_id=self.event_id)
         if len(self.input_digest) != 32:
@@ -295,6 +299,15 @@ class ModelCall(Event):
             )
         if not isinstance(self.policy_version, int) or self.policy_version < 0:
             raise ValidationError(f"policy_version must be an integer ≥ 0, got {self.policy_version!r}")
+
+    def check_numbers(self) -> None:
+        lp = self.output_logprobs
+        if lp.size and not (float(lp.max()) <= MAX_LOGPROB and float(lp.min()) > -math.inf):
+            raise DTypeError(
+                "model_call.output_logprobs must be finite log-probabilities ≤ 0, "
+                f"got range [{float(np.nanmin(lp))}, {float(np.nanmax(lp))}]",
+                event_id=self.event_id,
+            )
 
 
 @dataclass(eq=False, kw_only=True)

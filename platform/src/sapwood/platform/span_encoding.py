@@ -33,11 +33,15 @@ ENC_U16_HIGH_BITS = 3
 _HIGH_HEADER = struct.Struct("<IB")
 
 
-def encode_span(arr: np.ndarray) -> tuple[int, bytes]:
-    """(encoding, stored bytes) of a canonical span array: int32 ids [n] or float32 log-probs [n]."""
+def encode_span(arr: np.ndarray, *, bits: int | None = None) -> tuple[int, bytes]:
+    """(encoding, stored bytes) of a canonical span array: int32 ids [n] or float32 log-probs [n].
+
+    ``bits``: the bitwise OR of the ids, when the caller has it already.
+    """
     if arr.dtype != TOKEN_DTYPE or arr.size == 0:
         return ENC_RAW, arr.tobytes()
-    bits = int(np.bitwise_or.reduce(arr))  # its bit length is the largest id's; negative if any id is
+    if bits is None:
+        bits = int(np.bitwise_or.reduce(arr))  # its bit length is the largest id's; negative if any id is
     if bits < 0:
         return ENC_RAW, arr.tobytes()
     if bits < 1 << 16:

@@ -43,10 +43,11 @@ class SpanStream:
         #: COPY statements opened (one, unless queries paused the stream).
         self.copies = 0
 
-    def add(self, digest: bytes, canonical: np.ndarray) -> None:
-        """Queue one new span: ``canonical`` is its int32 ids [n] or float32 log-probs [n]."""
+    def add(self, digest: bytes, canonical: np.ndarray, *, bits: int | None = None) -> None:
+        """Queue one new span: ``canonical`` is its int32 ids [n] or float32 log-probs [n]; ``bits``
+        the bitwise OR of its ids when known."""
         t0 = time.perf_counter()
-        encoding, data = encode_span(canonical)
+        encoding, data = encode_span(canonical, bits=bits)
         self._buffered += frame_span(self._parts, digest, encoding, data)
         self.rows += 1
         if self._buffered >= self._flush_bytes:

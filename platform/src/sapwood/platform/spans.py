@@ -9,7 +9,6 @@ go in through a binary ``COPY`` (:mod:`sapwood.platform.bulkcopy`); on SQLite th
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +21,7 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.span_encoding import decode_span, encode_span
 from sapwood.platform.tokens import TOKEN_DTYPE, TokenArray
+from sapwood.platform.uuids import uuid_array_literal
 
 _CHUNK = 1000
 
@@ -30,7 +30,7 @@ def where_in(column: sa.ColumnElement[Any], values: list[str]) -> sa.ColumnEleme
 
     Faster than a bind per value or a driver-adapted list (both cost Python work per element).
     """
-    literal = "{" + ",".join(str(uuid.UUID(v)) for v in values) + "}"
+    literal = uuid_array_literal(values)
     # IN (SELECT unnest(...)): a semi-join the planner can hash or drive through the index;
     # `= ANY(array)` would compare every scanned row with the whole array.
     array = sa.cast(sa.bindparam(None, literal, type_=sa.Text), postgresql.ARRAY(sa.Uuid))

@@ -58,6 +58,10 @@ def as_logprobs(values: Any, *, name: str = "log-probs") -> FloatArray:
     return arr
 
 
+#: Largest log-prob accepted (engines may report log(1) as a tiny positive number).
+MAX_LOGPROB = 1e-4
+
+
 def check_token_range(ids: TokenArray, vocab_size: int | None, *, name: str = "token ids") -> None:
     """Raise :class:`TokenRangeError` for negative ids or ids ≥ ``vocab_size``."""
     if ids.size == 0:
