@@ -304,7 +304,7 @@ class _Plan:
         self.check_numbers(event)
         st = self.check_seq(event)
         self.check_vocab(event, st["vocab_size"] if st is not None else None)
-        changes = _Changes(digest_of=self.digest_of)
+        changes = _Changes(self.digest_of)
         handler = _HANDLERS[type(event)]
         handler(self, event, st, changes)
         self.commit_changes(event, st, changes)
@@ -404,19 +404,24 @@ class _Plan:
         return out
 
 
-@dataclass
 class _Changes:
-    nodes: list[tuple[dict[str, Any], Hasher]] = field(default_factory=list)
-    node_updates: dict[str, dict[str, Any]] = field(default_factory=dict)
-    spans: dict[bytes, np.ndarray] = field(default_factory=dict)
-    rows: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    exec_delta: dict[str, int] = field(default_factory=dict)
-    exec_set: dict[str, Any] = field(default_factory=dict)
-    new_exec: dict[str, Any] | None = None
-    array_refs: dict[str, list[Any]] = field(default_factory=dict)
-    policy_key: tuple[str, int] | None = None
-    body_overrides: dict[str, Any] = field(default_factory=dict)
-    digest_of: Callable[[np.ndarray], bytes] = lambda arr: digest_bytes(arr.data)
+    """Effects of one event, kept apart until the event is accepted (one per event: kept cheap)."""
+
+    __slots__ = ("array_refs", "body_overrides", "digest_of", "exec_delta", "exec_set", "new_exec", "node_updates",
+                 "nodes", "policy_key", "rows", "spans")
+
+    def __init__(self, digest_of: Callable[[np.ndarray], bytes]) -> None:
+        self.nodes: list[tuple[dict[str, Any], Hasher]] = []
+        self.node_updates: dict[str, dict[str, Any]] = {}
+        self.spans: dict[bytes, np.ndarray] = {}
+        self.rows: list[tuple[str, dict[str, Any]]] = []
+        self.exec_delta: dict[str, int] = {}
+        self.exec_set: dict[str, Any] = {}
+        self.new_exec: dict[str, Any] | None = None
+        self.array_refs: dict[str, list[Any]] = {}
+        self.policy_key: tuple[str, int] | None = None
+        self.body_overrides: dict[str, Any] = {}
+        self.digest_of = digest_of
 
     def span(self, name: str, arr: np.ndarray) -> bytes | None:
         """Register ``arr`` as a span; return its digest (None when empty)."""

@@ -50,7 +50,7 @@ _FORMATTERS: dict[tuple[str, tuple[str, ...]], Callable[[list[dict[str, Any]]], 
 def _field_expr(type_: sa.types.TypeEngine[Any], v: str) -> str:
     """Python expression formatting the non-NULL value named ``v`` of a column of type ``type_``."""
     if isinstance(type_, sa.JSON):
-        return f"_dumps({v}).translate(_ESC)"
+        return f"_copy_json({v})"
     if isinstance(type_, sa.Boolean):
         return f"('t' if {v} else 'f')"
     if isinstance(type_, sa.Integer):
@@ -78,13 +78,22 @@ def _row_formatter(table: sa.Table, cols: tuple[str, ...]) -> Callable[[list[dic
             for i, c in enumerate(cols)
         ]
         src = 'def _format(rows):\n    return "".join([f"""' + "\\t".join(fields) + '\\n""" for r in rows])\n'
-        namespace: dict[str, Any] = {"_ESC": _ESCAPES, "_dumps": _dumps, "_NULL": _NULL, "_BYTEA": "\\\\x"}
+        namespace: dict[str, Any] = {"_ESC": _ESCAPES, "_copy_json": _copy_json, "_NULL": _NULL, "_BYTEA": "\\\\x"}
         exec(compile(src, f"<COPY formatter of {table.name}>", "exec"), namespace)
         fn = _FORMATTERS[key] = namespace["_format"]
     return fn
 
 
 _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def _copy_json(value: Any) -> str:
+    """``value`` as JSON, escaped for COPY's text format.
+
+    JSON text holds no raw tab, newline or carriage return (RFC 8259 escapes control characters),
+    so only backslashes need escaping, and ``str.replace`` is far cheaper than ``str.translate``.
+    """
+    return _dumps(value).replace("\\", "\\\\")
 
 
 def _dumps(value: Any) -> str:
