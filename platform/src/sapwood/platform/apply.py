@@ -110,7 +110,7 @@ class ApplyResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     node_id: str
     execution_id: str
