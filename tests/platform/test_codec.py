@@ -89,3 +89,36 @@ def test_length_mismatch_detected_on_decode() -> None:
     call.output_logprobs = call.output_logprobs[:-1]
     with pytest.raises(LengthMismatchError, match="expected one rollout log-prob per output token"):
         decode(encode(call))
+
+
+@pytest.mark.parametrize("dtype", ["not-a-dtype", 7, None, "<i8"])
+def test_unreadable_or_other_dtypes_are_rejected(dtype: object) -> None:
+    call = next(e for e in small_execution(8).events if isinstance(e, ModelCall))
+
+    def retype(h: dict) -> None:
+        h["arrays"][0][1] = dtype
+
+    with pytest.raises(DTypeError, match="wrong dtype"):
+        decode(_rewrite_header(encode(call), retype))
+
+
+def test_header_json_beyond_strict_rfc_still_decodes_and_then_fails_validation() -> None:
+    """A NaN reward or a 70-bit int (what the encoder's JSON can write) reaches validation, which names it."""
+    from sapwood.platform.errors import ValidationError
+
+    finished = small_execution(9).events[-1]
+    finished.reward = float("nan")
+    event = decode(encode(finished), validate=False)
+    assert event.reward != event.reward  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError, match="rewards must be finite"):
+        decode(encode(finished))
+    score = next(e for e in small_execution(10, status="timeout").events if e.kind == "partial_score")
+    score.components = {"big": 2**70}  # type: ignore[attr-defined]
+    assert decode(encode(score)).components == {"big": 2**70}  # type: ignore[attr-defined]
+
+
+def test_memoryview_and_bytearray_inputs_decode() -> None:
+    call = next(e for e in small_execution(11).events if isinstance(e, ModelCall))
+    data = encode(call)
+    _same(call, decode(memoryview(data)))
+    _same(call, decode(bytearray(data)))

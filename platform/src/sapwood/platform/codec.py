@@ -18,6 +18,7 @@ import struct
 from typing import Any
 
 import numpy as np
+import orjson
 import zstandard
 
 from sapwood.platform.errors import DecodeError, DTypeError, SchemaVersionError
@@ -62,7 +63,7 @@ def encode(event: Event, *, compress: bool = False) -> bytes:
 def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
     """Parse bytes from :func:`encode`; raise :class:`DecodeError` (or a subclass of
     :class:`ValidationError`) saying what was wrong and what was expected."""
-    buf = bytes(data)
+    buf = data if isinstance(data, bytes) else bytes(data)
     if len(buf) < _PREFIX.size:
         raise DecodeError(f"event too short: {len(buf)} bytes, expected at least {_PREFIX.size}")
     magic, version, flags = _PREFIX.unpack_from(buf)
@@ -72,7 +73,7 @@ def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
         raise SchemaVersionError(f"unknown wire version {version}, expected {WIRE_VERSION}")
     if flags & ~FLAG_ZSTD:
         raise DecodeError(f"unknown flags 0x{flags:02x}")
-    payload = buf[_PREFIX.size :]
+    payload: bytes | memoryview = memoryview(buf)[_PREFIX.size :]  # arrays are views on the record, not copies
     if flags & FLAG_ZSTD:
         try:
             payload = _decompressor.decompress(payload)
@@ -100,7 +101,7 @@ def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
         if name not in declared:
             raise DecodeError(f"{kind}: unexpected array {name!r}; expected {sorted(declared)}")
         expected = _DTYPES[declared[name]]
-        if not _is_dtype(dtype_str) or np.dtype(dtype_str) != expected:
+        if _dtype_of(dtype_str) != expected:
             raise DTypeError(
                 f"{kind}.{name}: wrong dtype {dtype_str!r}, expected {expected.str!r}",
                 event_id=header.get("event_id"),
@@ -122,25 +123,39 @@ def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
     return event
 
 
-def _is_dtype(text: Any) -> bool:
-    try:
-        np.dtype(text)
-    except (TypeError, ValueError):
-        return False
-    return True
+_DTYPE_TEXT: dict[str, np.dtype[Any] | None] = {}
 
 
-def _read_header(payload: bytes) -> tuple[dict[str, Any], int]:
+def _dtype_of(text: Any) -> np.dtype[Any] | None:
+    """The numpy dtype a header names (None when it names none), parsed once per distinct text."""
+    if not isinstance(text, str):
+        return None
+    known = _DTYPE_TEXT.get(text, False)
+    if known is False:
+        try:
+            known = np.dtype(text)
+        except (TypeError, ValueError):
+            known = None
+        if len(_DTYPE_TEXT) < 64:
+            _DTYPE_TEXT[text] = known
+    return known  # type: ignore[return-value]
+
+
+def _read_header(payload: bytes | memoryview) -> tuple[dict[str, Any], int]:
     if len(payload) < _U32.size:
         raise DecodeError("payload too short for its header length")
     (length,) = _U32.unpack_from(payload)
     end = _U32.size + length
     if end > len(payload):
         raise DecodeError(f"header length {length} exceeds payload ({len(payload)} bytes)")
+    text = payload[_U32.size : end]
     try:
-        header = json.loads(payload[_U32.size : end])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DecodeError(f"header is not valid JSON: {exc}") from None
+        header = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:  # what orjson refuses but the encoder may write: NaN, ints beyond 64 bits
+            header = json.loads(bytes(text))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DecodeError(f"header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise DecodeError("header must be a JSON object")
     return header, end
