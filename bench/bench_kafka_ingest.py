@@ -16,7 +16,12 @@ and fresh topics are created and dropped. Figures:
   (median of three runs; the baseline of ``bench_store.py``, so the two ratios compare);
 * lag recovery: ingest stopped while producers write for ``--pause-s`` seconds at
   ``--pause-rate`` tokens/s, then restarted: seconds from the restart to the commit that
-  brings the lag back to zero.
+  brings the lag back to zero;
+* scale-out (``--scale-out 1,2``): for each count, that many ``sapwood ingest`` processes join
+  one fresh group on an empty topic, then the same executions are produced at full speed;
+  tokens/s from the first record sent to the last commit, each count into a fresh database.
+  It shows how throughput grows with processes on the machine it runs on (the producer,
+  the broker and PostgreSQL share its cores).
 
 The last stdout line is one JSON object with every figure.
 """
@@ -27,7 +32,10 @@ import argparse
 import json
 import logging
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -123,6 +131,70 @@ def wait_caught_up(ends: dict[int, int], topic: str, group: str, store: Store, t
     raise TimeoutError(f"lag did not return to zero within {timeout_s} s")
 
 
+def wait_group_stable(kadmin: Any, group: str, members: int, timeout_s: float = 120) -> None:
+    """Until ``group`` has ``members`` members and no rebalance in progress."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        info = kadmin.describe_groups([group]).get(group) or {}
+        if info.get("group_state") == "Stable" and len(info.get("members") or []) == members:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"group {group} did not settle with {members} members within {timeout_s} s")
+
+
+def scale_out(args: argparse.Namespace, admin: dict[str, Any], kadmin: Any, events: list[Event],
+              processes: int, run: str) -> dict[str, Any]:
+    """Tokens/s of ``processes`` ingest processes sharing one group, from first record sent to last commit."""
+    database = f"sapwood_bench_{uuid.uuid4().hex[:10]}"
+    topic, group = f"bench-scale{processes}-{run}", f"bench-scale{processes}-{run}"
+    kadmin.create_topics({topic: {"num_partitions": args.partitions}}, wait_for_metadata=True)
+    with psycopg.connect(**admin) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    db_url = make_url(args.database_url).set(database=database).render_as_string(hide_password=False)
+    store = Store.open(db_url)  # migrated here, once
+    cmd = [sys.executable, "-m", "sapwood.ingest", "--database-url", db_url, "--bootstrap", args.bootstrap,
+           "--topic", topic, "--group", group, "--partitions", "0", "--batch-size", str(args.batch_size),
+           "--log-level", "WARNING"]
+    with tempfile.TemporaryFile() as logs:
+        seconds, failed, output = _run_processes(cmd, processes, logs, kadmin, group, args, topic, events, store,
+                                                 admin, database)
+    if failed:
+        raise RuntimeError(f"ingest processes exited with {failed}: {output}")
+    tokens = tokens_of(events)
+    return {"processes": processes, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds)}
+
+
+def _run_processes(cmd: list[str], processes: int, logs: Any, kadmin: Any, group: str, args: argparse.Namespace,
+                   topic: str, events: list[Event], store: Store, admin: dict[str, Any],
+                   database: str) -> tuple[float, list[int | None], str]:
+    """Start the processes, produce once they share the group, wait for the last commit, stop them."""
+    procs = [subprocess.Popen(cmd, stdout=logs, stderr=logs) for _ in range(processes)]
+    try:
+        wait_group_stable(kadmin, group, processes)
+        t0 = time.time()
+        produce(args.bootstrap, topic, events, "auto")
+        wait_caught_up(end_offsets(args.bootstrap, topic), topic, group, store, 3600)
+        with psycopg.connect(**{**admin, "dbname": database}) as conn:
+            row = conn.execute("SELECT max(updated_at) FROM consumer_offsets WHERE group_id = %s", (group,)).fetchone()
+        seconds = float(row[0]) - t0 if row and row[0] is not None else time.time() - t0
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        store.close()
+        kadmin.delete_topics([topic])
+        with psycopg.connect(**admin) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+    failed = [proc.returncode for proc in procs if proc.returncode not in (0, -signal.SIGTERM)]
+    logs.seek(0)
+    return seconds, failed, logs.read()[-2000:].decode(errors="replace")
+
+
 def seconds_since(start: float, service: IngestService) -> float:
     """Seconds from ``start`` (``time.monotonic()``) to the service's last commit."""
     assert service.stats.last_commit_at is not None
@@ -154,6 +226,8 @@ def main() -> None:
     parser.add_argument("--pause-s", type=float, default=30.0, help="seconds of production with ingest stopped")
     parser.add_argument("--pause-rate", type=float, default=200_000.0,
                         help="tokens/s produced while ingest is stopped")
+    parser.add_argument("--scale-out", default="",
+                        help="comma-separated ingest process counts to compare (e.g. 1,2); empty: skip")
     args = parser.parse_args()
     if not args.database_url or not args.bootstrap:
         parser.error("--database-url and --bootstrap are required (or SAPWOOD_TEST_* variables)")
@@ -248,6 +322,15 @@ def main() -> None:
                                   "drain_tokens_per_s": round(produced_tokens / recovery)}
         log(f"lag recovery: {result['lag_recovery']}")
         store.close()
+
+        counts = [int(c) for c in args.scale_out.split(",") if c.strip()]
+        if counts:
+            runs = [scale_out(args, admin, kadmin, main_events, n, run) for n in counts]
+            for r in runs:
+                r["vs_raw_copy"] = round(r["tokens_per_s"] / copy_tps, 3)
+                r["vs_first"] = round(r["tokens_per_s"] / runs[0]["tokens_per_s"], 2)
+            result["scale_out"] = {"cpu_cores": os.cpu_count(), "runs": runs}
+            log(f"scale-out: {result['scale_out']}")
     finally:
         kadmin.delete_topics(list(topics.values()))
         kadmin.close()
