@@ -49,6 +49,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sapwood.api.queries.trees import execution_version
 from sapwood.platform.errors import StoreError, StoreUnavailableError, UnknownParentError
+from sapwood.platform.uuids import canonical_uuid
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def parse_payload(payload: str) -> tuple[str, int] | None:
     """``"<execution_id> <last_seq>"`` → (execution_id, last_seq), None if malformed."""
     eid, _, seq = payload.partition(" ")
     try:
-        return str(uuid.UUID(eid)), int(seq)
+        return canonical_uuid(eid), int(seq)
     except ValueError:
         return None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
+from sapwood.platform.uuids import canonical_uuid
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class DeadLetter:
 
 def _uuid_or_none(value: Any) -> str | None:
     try:
-        return str(uuid.UUID(str(value))) if value else None
+        return canonical_uuid(str(value)) if value else None
     except (ValueError, TypeError, AttributeError):
         return None
 

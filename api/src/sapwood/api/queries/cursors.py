@@ -6,10 +6,10 @@ import base64
 import binascii
 import json
 import math
-import uuid
 from typing import Any
 
 from sapwood.platform.errors import ValidationError
+from sapwood.platform.uuids import canonical_uuid
 
 
 def encode_cursor(kind: str, *values: Any) -> str:
@@ -39,6 +39,6 @@ def decode_cursor(cursor: str, kind: str, types: tuple[type, ...]) -> list[Any]:
 
 def check_uuid(value: str, what: str = "cursor") -> str:
     try:
-        return str(uuid.UUID(value))
+        return canonical_uuid(value)
     except (ValueError, AttributeError, TypeError):
         raise ValidationError(f"invalid {what}") from None
