@@ -53,7 +53,7 @@ from sapwood.platform.events import (
 )
 from sapwood.platform.span_stream import SpanStream
 from sapwood.platform.spans import existing_digests, insert_span_rows, new_span_rows, path_tokens, where_in
-from sapwood.platform.tokens import digest_bytes, input_hasher, pack
+from sapwood.platform.tokens import digest_bytes, id_limit, input_hasher, pack
 
 Hasher = Any  # hashlib.blake2b object
 
@@ -138,7 +138,7 @@ class _Plan:
         self.replay = replay
         #: Where new spans go as soon as their event is planned (PostgreSQL); else written at the end.
         self.stream = stream
-        #: id(array) → (array, digest), computed up front by :meth:`prepare_spans`.
+        #: id(array) → (array, digest), computed up front by :meth:`prepare_arrays`.
         self.digests: dict[int, tuple[np.ndarray, bytes]] = {}
         #: digest → whether the store already holds that span (before this batch).
         self.span_stored: dict[bytes, bool] = {}
@@ -202,7 +202,7 @@ class _Plan:
         self.span_stored = {d: d in stored for d in wanted}
 
     def digest_of(self, arr: np.ndarray) -> bytes:
-        """Content address of a contiguous canonical array (from :meth:`prepare_spans` when known)."""
+        """Content address of a contiguous canonical array (from :meth:`prepare_arrays` when known)."""
         known = self.digests.get(id(arr))
         if known is not None and known[0] is arr:
             return known[1]
@@ -318,7 +318,7 @@ class _Plan:
 
     def check_vocab(self, event: Event, vocab_size: int | None) -> None:
         """:meth:`Event.check_vocab` through the batch's figures (the exact check on a doubt)."""
-        limit = vocab_size if vocab_size is not None else 1 << 31
+        limit = id_limit(vocab_size)
         for name, kind in event.arrays:
             if kind == "tokens":
                 arr = getattr(event, name)

@@ -13,6 +13,7 @@ token ids are packed int32 and log-probs float32 — numbers never travel as JSO
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from typing import Any
@@ -123,22 +124,18 @@ def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
     return event
 
 
-_DTYPE_TEXT: dict[str, np.dtype[Any] | None] = {}
-
-
 def _dtype_of(text: Any) -> np.dtype[Any] | None:
-    """The numpy dtype a header names (None when it names none), parsed once per distinct text."""
-    if not isinstance(text, str):
+    """The numpy dtype a header names (None when it names none)."""
+    return _parse_dtype(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_dtype(text: str) -> np.dtype[Any] | None:
+    """``np.dtype(text)``, parsed once per distinct text (None when it is not a dtype)."""
+    try:
+        return np.dtype(text)
+    except (TypeError, ValueError):
         return None
-    known = _DTYPE_TEXT.get(text, False)
-    if known is False:
-        try:
-            known = np.dtype(text)
-        except (TypeError, ValueError):
-            known = None
-        if len(_DTYPE_TEXT) < 64:
-            _DTYPE_TEXT[text] = known
-    return known  # type: ignore[return-value]
 
 
 def _read_header(payload: bytes | memoryview) -> tuple[dict[str, Any], int]:

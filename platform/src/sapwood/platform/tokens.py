@@ -62,13 +62,18 @@ def as_logprobs(values: Any, *, name: str = "log-probs") -> FloatArray:
 MAX_LOGPROB = 1e-4
 
 
+def id_limit(vocab_size: int | None) -> int:
+    """Bound every valid id is below, ids read as uint32 (negative ids read as ≥ 2**31)."""
+    return vocab_size if vocab_size is not None else 1 << 31
+
+
 def check_token_range(ids: TokenArray, vocab_size: int | None, *, name: str = "token ids") -> None:
     """Raise :class:`TokenRangeError` for negative ids or ids ≥ ``vocab_size``."""
     if ids.size == 0:
         return
     # One pass: read as uint32, a negative id is ≥ 2**31, above every vocabulary.
     top = int(ids.view(np.uint32).max()) if ids.dtype == TOKEN_DTYPE else int(ids.max())
-    if top < (vocab_size if vocab_size is not None else 1 << 31):
+    if top < id_limit(vocab_size):
         return
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0:
