@@ -156,43 +156,36 @@ def scale_out(args: argparse.Namespace, admin: dict[str, Any], kadmin: Any, even
            "--topic", topic, "--group", group, "--partitions", "0", "--batch-size", str(args.batch_size),
            "--log-level", "WARNING"]
     with tempfile.TemporaryFile() as logs:
-        seconds, failed, output = _run_processes(cmd, processes, logs, kadmin, group, args, topic, events, store,
-                                                 admin, database)
-    if failed:
-        raise RuntimeError(f"ingest processes exited with {failed}: {output}")
+        procs = [subprocess.Popen(cmd, stdout=logs, stderr=logs) for _ in range(processes)]
+        try:
+            wait_group_stable(kadmin, group, processes)
+            t0 = time.time()
+            produce(args.bootstrap, topic, events, "auto")
+            wait_caught_up(end_offsets(args.bootstrap, topic), topic, group, store, 3600)
+            with psycopg.connect(**{**admin, "dbname": database}) as conn:
+                row = conn.execute("SELECT max(updated_at) FROM consumer_offsets WHERE group_id = %s",
+                                   (group,)).fetchone()
+            seconds = float(row[0]) - t0 if row and row[0] is not None else time.time() - t0
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            store.close()
+            kadmin.delete_topics([topic])
+            with psycopg.connect(**admin) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+        failed = [proc.returncode for proc in procs if proc.returncode not in (0, -signal.SIGTERM)]
+        if failed:
+            logs.seek(0)
+            raise RuntimeError(f"ingest processes exited with {failed}: "
+                               f"{logs.read()[-2000:].decode(errors='replace')}")
     tokens = tokens_of(events)
     return {"processes": processes, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds)}
-
-
-def _run_processes(cmd: list[str], processes: int, logs: Any, kadmin: Any, group: str, args: argparse.Namespace,
-                   topic: str, events: list[Event], store: Store, admin: dict[str, Any],
-                   database: str) -> tuple[float, list[int | None], str]:
-    """Start the processes, produce once they share the group, wait for the last commit, stop them."""
-    procs = [subprocess.Popen(cmd, stdout=logs, stderr=logs) for _ in range(processes)]
-    try:
-        wait_group_stable(kadmin, group, processes)
-        t0 = time.time()
-        produce(args.bootstrap, topic, events, "auto")
-        wait_caught_up(end_offsets(args.bootstrap, topic), topic, group, store, 3600)
-        with psycopg.connect(**{**admin, "dbname": database}) as conn:
-            row = conn.execute("SELECT max(updated_at) FROM consumer_offsets WHERE group_id = %s", (group,)).fetchone()
-        seconds = float(row[0]) - t0 if row and row[0] is not None else time.time() - t0
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        store.close()
-        kadmin.delete_topics([topic])
-        with psycopg.connect(**admin) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
-    failed = [proc.returncode for proc in procs if proc.returncode not in (0, -signal.SIGTERM)]
-    logs.seek(0)
-    return seconds, failed, logs.read()[-2000:].decode(errors="replace")
 
 
 def seconds_since(start: float, service: IngestService) -> float:
