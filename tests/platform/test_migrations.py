@@ -18,7 +18,7 @@ from support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 
-HEAD = "0004"
+HEAD = "0005"
 
 
 def _tables(store: Store) -> set[str]:

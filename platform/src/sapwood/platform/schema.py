@@ -35,6 +35,9 @@ metadata = MetaData(
 
 #: JSONB on PostgreSQL, JSON text on SQLite.
 Json = JSON().with_variant(postgresql.JSONB(), "postgresql")
+#: JSON text on both (PostgreSQL ``json``): for documents kept as recorded and only ever read whole —
+#: no parse into JSONB's binary form on every insert.
+RecordJson = JSON()
 #: 64-bit autoincrement key that SQLite also accepts (INTEGER PRIMARY KEY).
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 #: UUIDs: native ``uuid`` on PostgreSQL (16 B), 32-char hex on SQLite; Python sees strings.
@@ -57,7 +60,7 @@ events = Table(
     Column("kind", String(32), nullable=False),
     Column("schema_version", SmallInteger, nullable=False),
     Column("created_at", Float, nullable=False, comment="producer clock, unix seconds"),
-    Column("body", Json, nullable=False, comment="scalar fields; arrays as [span digest hex, count]"),
+    Column("body", RecordJson, nullable=False, comment="scalar fields; arrays as [span digest hex, count]"),
     UniqueConstraint("execution_id", "seq", name="uq_events_execution_seq"),
 )
 
@@ -135,8 +138,8 @@ calls = Table(
     Column("logprobs_digest", LargeBinary(16), nullable=False),
     Column("policy_version", Integer, nullable=False),
     Column("finish_reason", String(32), nullable=False),
-    Column("timings", Json, nullable=False),
-    Column("sampling_params", Json, nullable=True),
+    Column("timings", RecordJson, nullable=False),
+    Column("sampling_params", RecordJson, nullable=True),
     Column("created_at", Float, nullable=False),
 )
 Index("ix_calls_input_node", calls.c.input_node)
