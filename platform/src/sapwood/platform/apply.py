@@ -52,10 +52,18 @@ from sapwood.platform.events import (
     SegmentBoundary,
 )
 from sapwood.platform.span_stream import SpanStream
-from sapwood.platform.spans import existing_digests, insert_span_rows, new_span_rows, path_tokens, where_in
+from sapwood.platform.spans import existing_digests, insert_span_rows, new_span_rows, path_tokens, uuid_in
 from sapwood.platform.tokens import digest_bytes, id_limit, input_hasher, pack
+from sapwood.platform.uuids import uuid_array_literal
 
 Hasher = Any  # hashlib.blake2b object
+
+# Look-ups every batch runs, built once (PostgreSQL: the ids go as one uuid[] literal).
+_NODE_FIELDS = sa.select(t.nodes.c.node_id, t.nodes.c.execution_id, t.nodes.c.role, t.nodes.c.depth, t.nodes.c.length,
+                         t.nodes.c.segment)
+_NODES_BY_ID_PG = _NODE_FIELDS.where(uuid_in(t.nodes.c.node_id, "ids"))
+_EVENT_KEYS = sa.select(t.events.c.event_id, t.events.c.execution_id, t.events.c.seq, t.events.c.kind)
+_EVENTS_BY_ID_PG = _EVENT_KEYS.where(uuid_in(t.events.c.event_id, "ids"))
 
 
 class ContextCache:
@@ -224,10 +232,11 @@ class _Plan:
         wanted = [n for n in node_ids if n not in self.nodes]
         if not wanted:
             return
-        cols = t.nodes.c
-        cond = where_in(cols.node_id, wanted) if self.conn.dialect.name == "postgresql" else cols.node_id.in_(wanted)
-        q = sa.select(cols.node_id, cols.execution_id, cols.role, cols.depth, cols.length, cols.segment).where(cond)
-        for r in self.db().execute(q):
+        if self.conn.dialect.name == "postgresql":
+            rows = self.db().execute(_NODES_BY_ID_PG, {"ids": uuid_array_literal(wanted)})
+        else:
+            rows = self.db().execute(_NODE_FIELDS.where(t.nodes.c.node_id.in_(wanted)))
+        for r in rows:
             self.nodes[r.node_id] = _Node(r.node_id, r.execution_id, r.role, r.depth, r.length, r.segment)
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -690,14 +699,13 @@ def _event_row(event: Event, array_refs: dict[str, list[Any]], overrides: dict[s
 def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, tuple[str | None, int | None, str]]:
     ids = [e.event_id for e in events]
     found: dict[str, tuple[str | None, int | None, str]] = {}
-    c = t.events.c
-    pg = conn.dialect.name == "postgresql"
-    step = len(ids) if pg else 1000
-    for chunk_start in range(0, len(ids), step):
-        chunk = ids[chunk_start : chunk_start + step]
-        cond = where_in(c.event_id, chunk) if pg else c.event_id.in_(chunk)
-        for r in conn.execute(sa.select(c.event_id, c.execution_id, c.seq, c.kind).where(cond)):
-            found[r.event_id] = (r.execution_id, r.seq, r.kind)
+    if conn.dialect.name == "postgresql":
+        rows: Iterable[Any] = conn.execute(_EVENTS_BY_ID_PG, {"ids": uuid_array_literal(ids)})
+    else:
+        rows = (r for start in range(0, len(ids), 1000)
+                for r in conn.execute(_EVENT_KEYS.where(t.events.c.event_id.in_(ids[start : start + 1000]))))
+    for r in rows:
+        found[r.event_id] = (r.execution_id, r.seq, r.kind)
     return found
 
 

@@ -21,19 +21,19 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.span_encoding import decode_span, encode_span
 from sapwood.platform.tokens import TOKEN_DTYPE, TokenArray
-from sapwood.platform.uuids import uuid_array_literal
 
 _CHUNK = 1000
 
-def where_in(column: sa.ColumnElement[Any], values: list[str]) -> sa.ColumnElement[bool]:
-    """``column IN values`` for a UUID column on PostgreSQL: one ``uuid[]`` literal parameter.
+def uuid_in(column: sa.ColumnElement[Any], param: str) -> sa.ColumnElement[bool]:
+    """``column IN :param`` for a UUID column on PostgreSQL, ``param`` bound to one ``uuid[]`` literal
+    (:func:`sapwood.platform.uuids.uuid_array_literal`).
 
-    Faster than a bind per value or a driver-adapted list (both cost Python work per element).
+    Faster than a bind per value or a driver-adapted list (both cost Python work per element), and the
+    statement it belongs to can be built once and reused.
     """
-    literal = uuid_array_literal(values)
     # IN (SELECT unnest(...)): a semi-join the planner can hash or drive through the index;
     # `= ANY(array)` would compare every scanned row with the whole array.
-    array = sa.cast(sa.bindparam(None, literal, type_=sa.Text), postgresql.ARRAY(sa.Uuid))
+    array = sa.cast(sa.bindparam(param, type_=sa.Text), postgresql.ARRAY(sa.Uuid))
     return column.in_(sa.select(sa.func.unnest(array)))
 
 
