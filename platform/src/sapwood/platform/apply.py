@@ -17,6 +17,7 @@ events are returned as :class:`Rejected` (for the dead letters) and the rest are
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections import OrderedDict
@@ -118,6 +119,22 @@ class ApplyResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+_NODE_ATTRS: dict[type[Event], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _node_attrs(cls: type[Event]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Attributes of ``cls`` naming the nodes its events create, and those naming nodes they refer to
+    (computed once per class)."""
+    attrs = _NODE_ATTRS.get(cls)
+    if attrs is None:
+        field_names = {f.name for f in dataclasses.fields(cls)}
+        attrs = _NODE_ATTRS[cls] = (
+            tuple(n for n in ("node_id", "input_node_id", "output_node_id", "root_node_id") if hasattr(cls, n)),
+            tuple(n for n in ("parent", "at_node", "from_node") if n in field_names),
+        )
+    return attrs
+
+
 @dataclass(slots=True)
 class _Node:
     node_id: str
@@ -183,14 +200,14 @@ class _Plan:
                 self.execs[row["execution_id"]] = dict(row)
         created: set[str] = set()
         for e in events:
-            for name in ("node_id", "input_node_id", "output_node_id", "root_node_id"):
-                ref = getattr(e, name, None)
+            for name in _node_attrs(type(e))[0]:
+                ref = getattr(e, name)
                 if ref:
                     created.add(ref)
         refs: set[str] = set()
         for e in events:
-            for name in ("parent", "at_node", "from_node"):
-                ref = getattr(e, name, None)
+            for name in _node_attrs(type(e))[1]:
+                ref = getattr(e, name)
                 if ref and ref not in created:
                     refs.add(ref)
         self.batch_node_ids = created

@@ -52,11 +52,13 @@ def new_event_id() -> str:
 
 
 @functools.lru_cache(maxsize=65_536)
+@functools.lru_cache(maxsize=1 << 14)
 def derive_node_id(event_id: str, part: str) -> str:
     """Deterministic id of the tree node that event ``event_id`` creates as ``part``.
 
     A UUIDv8 (RFC 9562, custom) whose 122 free bits are BLAKE2b-128 of ``"<event_id>/<part>"``;
-    producers compute the same ids without asking the store.
+    producers compute the same ids without asking the store. Memoized: apply asks for each id
+    several times per event.
     """
     h = bytearray(hashlib.blake2b(f"{event_id}/{part}".encode(), digest_size=16).digest())
     h[6] = (h[6] & 0x0F) | 0x80  # version 8
