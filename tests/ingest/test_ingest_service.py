@@ -167,8 +167,10 @@ def test_restart_resumes_from_stored_offsets_and_exports_metrics(pg_url: str, ka
         for ev in first:
             transport.send(ev)
     config = ingest_config(pg_url, kafka_bootstrap, topic)
-    with running_ingest(config):
+    with running_ingest(config) as service:
         wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 30, "first catch-up")
+        time.sleep(1.0)  # a needless second rebalance would follow the first batch within this
+        assert service.stats.rebalances == 1, "a lone member is assigned its partitions once"
     with KafkaTransport(kafka_bootstrap, topic=topic, on_delivery=ledger) as transport:
         for ev in second:
             transport.send(ev)
@@ -181,6 +183,7 @@ def test_restart_resumes_from_stored_offsets_and_exports_metrics(pg_url: str, ka
         kafka_offsets = {tp.partition: service.consumer.committed(tp) for tp in service.positions}
     assert f"sapwood_ingest_events_total {float(len(second))}" in text
     assert "sapwood_ingest_tokens_total" in text and "sapwood_ingest_apply_seconds_bucket" in text
+    assert "sapwood_ingest_rebalances_total 1.0" in text
     assert f'sapwood_ingest_lag{{partition="0",topic="{topic}"}} 0.0' in text
     check_exactly_once(store, ledger.acked, bootstrap=kafka_bootstrap, topic=topic, group=config.group)
     with store.engine.connect() as conn:

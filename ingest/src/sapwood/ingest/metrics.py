@@ -21,6 +21,9 @@ class IngestMetrics:
         self.batches = Counter("sapwood_ingest_batches", "Committed ingest transactions", registry=r)
         self.retries = Counter("sapwood_ingest_retries", "Batches rolled back and re-read from stored offsets",
                                registry=r)
+        self.rebalances = Counter("sapwood_ingest_rebalances",
+                                  "Partition assignments received (one per rebalance this process takes part in)",
+                                  registry=r)
         self.lag = Gauge("sapwood_ingest_lag", "Log-end offset minus stored offset", ["topic", "partition"],
                          registry=r)
         self.apply_seconds = Histogram(

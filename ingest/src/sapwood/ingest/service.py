@@ -127,6 +127,8 @@ class IngestStats:
     batches: int = 0
     retries: int = 0
     db_errors: int = 0
+    rebalances: int = 0
+    """Partition assignments received: 1 for a lone member that never rebalanced."""
     first_batch_at: float | None = None
     """``time.monotonic()`` when the first batch began (throughput without start-up and group join)."""
     last_commit_at: float | None = None
@@ -243,11 +245,14 @@ class IngestService:
         }
         consumer_config.update(cfg.consumer_config)
         self.consumer = KafkaConsumer(**consumer_config)
-        # Know the topic's partitions before joining, so the first assignment is not empty.
+        self.consumer.subscribe([cfg.topic], listener=_Listener(self))
+        # Know the topic's partitions before joining, so the first assignment is not empty. Subscribed
+        # first, so this metadata also reaches the group coordinator: kafka-python compares the metadata
+        # the leader assigned from with later metadata, and a snapshot taken before any metadata
+        # (subscribing afterwards) makes every fresh start rebalance once more right after its first batch.
         deadline = time.monotonic() + 30
         while not self.consumer.partitions_for_topic(cfg.topic) and time.monotonic() < deadline:
             time.sleep(0.2)
-        self.consumer.subscribe([cfg.topic], listener=_Listener(self))
         if cfg.dead_letter_topic:
             self.dlq = DeadLetterPublisher(cfg.bootstrap, cfg.dead_letter_topic)
         if cfg.metrics_port is not None:
@@ -284,6 +289,8 @@ class IngestService:
 
     # -- partition assignment -----------------------------------------------------------------------
     def _assign(self, assigned: Iterable[TopicPartition]) -> None:
+        self.stats.rebalances += 1
+        self.metrics.rebalances.inc()
         tps = [tp for tp in assigned if tp.topic == self.config.topic]
         with self._lock:
             for tp in tps:
