@@ -52,7 +52,6 @@ def new_event_id() -> str:
 
 
 @functools.lru_cache(maxsize=65_536)
-@functools.lru_cache(maxsize=1 << 14)
 def derive_node_id(event_id: str, part: str) -> str:
     """Deterministic id of the tree node that event ``event_id`` creates as ``part``.
 
