@@ -325,15 +325,21 @@ class _Plan:
 
     # -- planning one event ---------------------------------------------------------------------------
     def plan(self, event: Event) -> None:
-        """Validate ``event`` against the current state and add its effects, or raise."""
+        """Validate ``event`` against the current state and add its effects, or raise.
+
+        Every check runs before the first effect: each handler looks everything up and verifies it,
+        then records the event's nodes, spans and rows, so a rejected event leaves no trace.
+        """
         event.validate(numbers=False)
         self.check_numbers(event)
         st = self.check_seq(event)
         self.check_vocab(event, st["vocab_size"] if st is not None else None)
-        changes = _Changes(self.digest_of)
-        handler = _HANDLERS[type(event)]
-        handler(self, event, st, changes)
-        self.commit_changes(event, st, changes)
+        refs: dict[str, list[Any]] = {}
+        overrides = _HANDLERS[type(event)](self, event, st, refs)
+        if st is not None:
+            st["last_seq"] = event.seq
+        if not self.replay:
+            self.rows["events"].append(_event_row(event, refs, overrides))
 
     def check_numbers(self, event: Event) -> None:
         """:meth:`Event.check_numbers` through the batch's figures (the exact check on a doubt)."""
@@ -353,47 +359,63 @@ class _Plan:
                     event.check_vocab(vocab_size)
                     return
 
-    def commit_changes(self, event: Event, st: dict[str, Any] | None, ch: _Changes) -> None:
-        if ch.nodes:
-            n_tokens = 0
-            for node_row, state in ch.nodes:
-                nid = node_row["node_id"]
-                self.new_nodes[nid] = node_row
-                self.nodes[nid] = _Node(
-                    nid, node_row["execution_id"], node_row["role"], node_row["depth"], node_row["length"],
-                    node_row["segment"],
-                )
-                self.children_new.setdefault(node_row["parent_id"], []).append(nid)
-                self.states[nid] = state
-                n_tokens += node_row["length"]
-                parent = node_row["parent_id"] or node_row["prev_segment_node"]
-                if parent:
-                    self._update_node(parent, {"is_leaf": False})
-            counters = ch.exec_delta
-            counters["n_nodes"] = counters.get("n_nodes", 0) + len(ch.nodes)
-            counters["n_tokens"] = counters.get("n_tokens", 0) + n_tokens
-        for nid, upd in ch.node_updates.items():
-            self._update_node(nid, upd)
-        for digest, data in ch.spans.items():
-            if digest in self.spans:
-                continue
-            self.spans[digest] = data
+    # -- effects (called only once every check of the event has passed) ------------------------------
+    def check_new_node(self, node_id: str, event: Event) -> None:
+        if node_id in self.nodes:
+            raise ConflictError(f"node {node_id} already exists (event {event.event_id} reuses its id)")
+
+    def add_span(self, refs: dict[str, list[Any]], name: str, arr: np.ndarray) -> bytes | None:
+        """Store ``arr`` (the event's array ``name``) as a span unless the batch has it; note its reference
+        in ``refs``. Returns its digest (None when empty)."""
+        if arr.size == 0:
+            refs[name] = [None, 0]
+            return None
+        arr = np.ascontiguousarray(arr)
+        digest = self.digest_of(arr)
+        refs[name] = [digest.hex(), int(arr.size)]
+        if digest not in self.spans:
+            self.spans[digest] = arr
             if self.stream is not None and not self._span_stored(digest):
-                self.stream.add(digest, data, bits=self.stats.token_bits(data))
-        for table, row in ch.rows:
-            self.rows[table].append(row)
-        if ch.new_exec is not None:
-            self.execs[ch.new_exec["execution_id"]] = ch.new_exec
-            self.new_execs.add(ch.new_exec["execution_id"])
-        elif st is not None and event.execution_scoped:
-            for key, delta in ch.exec_delta.items():
-                st[key] = st[key] + delta
-            st.update(ch.exec_set)
-            st["last_seq"] = event.seq
-        if ch.policy_key is not None:
-            self.policy_keys.add(ch.policy_key)
-        if not self.replay:
-            self.rows["events"].append(_event_row(event, ch.array_refs, ch.body_overrides))
+                self.stream.add(digest, arr, bits=self.stats.token_bits(arr))
+        return digest
+
+    def add_node(self, event: Event, st: dict[str, Any], refs: dict[str, list[Any]], *, node_id: str,
+                 parent: _Node | None, role: int, name: str, tokens: np.ndarray, state: Hasher,
+                 segment: int | None = None, prev_segment_node: str | None = None, call_id: str | None = None,
+                 policy_version: int | None = None) -> _Node:
+        """Record a node of ``tokens`` (the event's array ``name``) under ``parent``; ``state``: the context
+        hash after its last token. ``node_id`` was checked with :meth:`check_new_node`."""
+        digest = self.add_span(refs, name, tokens)
+        assert digest is not None
+        length = int(tokens.size)
+        parent_id = parent.node_id if parent is not None else None
+        node = _Node(node_id, st["execution_id"], role, parent.end if parent is not None else 0, length,
+                     segment if segment is not None else (parent.segment if parent is not None else 0))
+        self.new_nodes[node_id] = {
+            "node_id": node_id,
+            "execution_id": node.execution_id,
+            "parent_id": parent_id,
+            "prev_segment_node": prev_segment_node,
+            "role": role,
+            "span_digest": digest,
+            "length": length,
+            "depth": node.depth,
+            "segment": node.segment,
+            "is_leaf": True,
+            "fork_branches": 0,
+            "call_id": call_id,
+            "policy_version": policy_version,
+            "seq": event.seq,
+        }
+        self.nodes[node_id] = node
+        self.children_new.setdefault(parent_id, []).append(node_id)
+        self.states[node_id] = state
+        before = parent_id or prev_segment_node
+        if before:
+            self._update_node(before, {"is_leaf": False})
+        st["n_nodes"] += 1
+        st["n_tokens"] += length
+        return node
 
     def _update_node(self, node_id: str, values: dict[str, Any]) -> None:
         row = self.new_nodes.get(node_id)
@@ -430,95 +452,13 @@ class _Plan:
         return out
 
 
-class _Changes:
-    """Effects of one event, kept apart until the event is accepted (one per event: kept cheap)."""
-
-    __slots__ = ("array_refs", "body_overrides", "digest_of", "exec_delta", "exec_set", "new_exec", "node_updates",
-                 "nodes", "policy_key", "rows", "spans")
-
-    def __init__(self, digest_of: Callable[[np.ndarray], bytes]) -> None:
-        self.nodes: list[tuple[dict[str, Any], Hasher]] = []
-        self.node_updates: dict[str, dict[str, Any]] = {}
-        self.spans: dict[bytes, np.ndarray] = {}
-        self.rows: list[tuple[str, dict[str, Any]]] = []
-        self.exec_delta: dict[str, int] = {}
-        self.exec_set: dict[str, Any] = {}
-        self.new_exec: dict[str, Any] | None = None
-        self.array_refs: dict[str, list[Any]] = {}
-        self.policy_key: tuple[str, int] | None = None
-        self.body_overrides: dict[str, Any] = {}
-        self.digest_of = digest_of
-
-    def span(self, name: str, arr: np.ndarray) -> bytes | None:
-        """Register ``arr`` as a span; return its digest (None when empty)."""
-        if arr.size == 0:
-            self.array_refs[name] = [None, 0]
-            return None
-        arr = np.ascontiguousarray(arr)
-        digest = self.digest_of(arr)
-        self.spans.setdefault(digest, arr)
-        self.array_refs[name] = [digest.hex(), int(arr.size)]
-        return digest
-
-    def add_node(
-        self,
-        plan: _Plan,
-        *,
-        node_id: str,
-        event: Event,
-        parent: _Node | None,
-        role: int,
-        array_name: str,
-        tokens: np.ndarray,
-        segment: int | None = None,
-        prev_segment_node: str | None = None,
-        call_id: str | None = None,
-        policy_version: int | None = None,
-        state: Hasher | None = None,
-    ) -> dict[str, Any]:
-        """Add a node of ``tokens`` under ``parent``; ``state``: the context hash after it, when known."""
-        digest = self.span(array_name, tokens)
-        assert digest is not None
-        if state is None:
-            data = self.spans[digest].data
-            local = None
-            if parent is not None:
-                for row, st in self.nodes:
-                    if row["node_id"] == parent.node_id:
-                        local = st
-                        break
-            if parent is None:
-                state = input_hasher()
-                state.update(data)
-            elif local is not None:  # the parent was created by this same event
-                state = local.copy()
-                state.update(data)
-            else:
-                state = plan.child_state(parent.node_id, data)
-        row = {
-            "node_id": node_id,
-            "execution_id": event.execution_id,
-            "parent_id": parent.node_id if parent else None,
-            "prev_segment_node": prev_segment_node,
-            "role": role,
-            "span_digest": digest,
-            "length": int(tokens.size),
-            "depth": parent.end if parent else 0,
-            "segment": segment if segment is not None else (parent.segment if parent else 0),
-            "is_leaf": True,
-            "fork_branches": 0,
-            "call_id": call_id,
-            "policy_version": policy_version,
-            "seq": event.seq,
-        }
-        if node_id in plan.nodes:
-            raise ConflictError(f"node {node_id} already exists (event {event.event_id} reuses its id)")
-        self.nodes.append((row, state))
-        return row
+#: A handler checks one event, then records its effects; returns overrides of the stored event body.
+_Overrides = dict[str, Any] | None
 
 
-def _h_started(plan: _Plan, e: ExecutionStarted, st: Any, ch: _Changes) -> None:
-    ch.new_exec = {
+def _h_started(plan: _Plan, e: ExecutionStarted, st: None, refs: dict[str, list[Any]]) -> _Overrides:
+    assert e.execution_id is not None
+    plan.execs[e.execution_id] = {
         "execution_id": e.execution_id,
         "run_id": e.run_id,
         "task_id": e.task_id,
@@ -540,23 +480,38 @@ def _h_started(plan: _Plan, e: ExecutionStarted, st: Any, ch: _Changes) -> None:
         "score_revision": None,
         **dict.fromkeys(_EXEC_COUNTERS, 0),
     }
+    plan.new_execs.add(e.execution_id)
+    return None
 
 
-def _h_prompt(plan: _Plan, e: Prompt, st: Any, ch: _Changes) -> None:
+def _root_state(tokens: np.ndarray) -> Hasher:
+    state = input_hasher()
+    state.update(np.ascontiguousarray(tokens).data)
+    return state
+
+
+def _h_prompt(plan: _Plan, e: Prompt, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     assert e.execution_id is not None
     parent = plan.node(e.parent, e.execution_id, "prompt parent") if e.parent else None
-    ch.add_node(plan, node_id=e.node_id, event=e, parent=parent, role=t.ROLE_PROMPT, array_name="token_ids",
-                tokens=e.token_ids)
+    plan.check_new_node(e.node_id, e)
+    tokens = np.ascontiguousarray(e.token_ids)
+    state = plan.child_state(parent.node_id, tokens.data) if parent is not None else _root_state(tokens)
+    plan.add_node(e, st, refs, node_id=e.node_id, parent=parent, role=t.ROLE_PROMPT, name="token_ids",
+                  tokens=tokens, state=state)
+    return None
 
 
-def _h_observation(plan: _Plan, e: Observation, st: Any, ch: _Changes) -> None:
+def _h_observation(plan: _Plan, e: Observation, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     assert e.execution_id is not None
     parent = plan.node(e.parent, e.execution_id, "observation parent")
-    ch.add_node(plan, node_id=e.node_id, event=e, parent=parent, role=t.ROLE_OBSERVATION,
-                array_name="token_ids", tokens=e.token_ids)
+    plan.check_new_node(e.node_id, e)
+    tokens = np.ascontiguousarray(e.token_ids)
+    plan.add_node(e, st, refs, node_id=e.node_id, parent=parent, role=t.ROLE_OBSERVATION, name="token_ids",
+                  tokens=tokens, state=plan.child_state(parent.node_id, tokens.data))
+    return None
 
 
-def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], ch: _Changes) -> None:
+def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     exec_id = e.execution_id
     assert exec_id is not None
     appended = e.appended
@@ -567,8 +522,7 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], ch: _Changes) -> None
         input_node_id = e.input_node_id
     else:
         # Full input: verify directly, then share whatever whole nodes already exist.
-        state = input_hasher()
-        state.update(np.ascontiguousarray(appended).data)
+        state = _root_state(appended)
         full_len = int(appended.size)
         matched, offset = plan.match_whole_nodes(exec_id, appended)
         parent = plan.nodes[matched] if matched else None
@@ -583,23 +537,24 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], ch: _Changes) -> None
             event_id=e.event_id,
         )
     if appended.size:
-        in_row = ch.add_node(plan, node_id=e.input_node_id or "", event=e, parent=parent, role=t.ROLE_PROMPT,
-                             array_name="appended", tokens=appended, state=state)
-        input_parent = _Node(in_row["node_id"], exec_id, t.ROLE_PROMPT, in_row["depth"], in_row["length"],
-                             in_row["segment"])
+        plan.check_new_node(e.input_node_id or "", e)
+    plan.check_new_node(e.output_node_id, e)
+    # -- effects
+    if appended.size:
+        input_parent = plan.add_node(e, st, refs, node_id=e.input_node_id or "", parent=parent, role=t.ROLE_PROMPT,
+                                     name="appended", tokens=appended, state=state)
     else:
-        ch.array_refs["appended"] = [None, 0]
+        refs["appended"] = [None, 0]
         assert parent is not None
         input_parent = parent
-    if e.parent is None:
-        # Stored normalized: the matched node as parent, only the unmatched rest as tokens.
-        ch.body_overrides["parent"] = parent.node_id if parent else None
-    role = t.ROLE_SUMMARY if e.call_kind == "summary" else t.ROLE_ACTION
-    ch.add_node(plan, node_id=e.output_node_id, event=e, parent=input_parent, role=role,
-                array_name="output_ids", tokens=e.output_ids, call_id=e.event_id,
-                policy_version=e.policy_version)
-    lp_digest = ch.span("output_logprobs", e.output_logprobs)
-    ch.rows.append(("calls", {
+    output = np.ascontiguousarray(e.output_ids)
+    out_state = state.copy()
+    out_state.update(output.data)
+    plan.add_node(e, st, refs, node_id=e.output_node_id, parent=input_parent,
+                  role=t.ROLE_SUMMARY if e.call_kind == "summary" else t.ROLE_ACTION, name="output_ids",
+                  tokens=output, state=out_state, call_id=e.event_id, policy_version=e.policy_version)
+    lp_digest = plan.add_span(refs, "output_logprobs", e.output_logprobs)
+    plan.rows["calls"].append({
         "call_id": e.event_id,
         "execution_id": exec_id,
         "seq": e.seq,
@@ -609,27 +564,32 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], ch: _Changes) -> None
         "input_len": full_len,
         "input_digest": e.input_digest,
         "output_node": e.output_node_id,
-        "n_output": int(e.output_ids.size),
+        "n_output": int(output.size),
         "logprobs_digest": lp_digest,
         "policy_version": e.policy_version,
         "finish_reason": e.finish_reason,
         "timings": e.timings,
         "sampling_params": e.sampling_params,
         "created_at": e.created_at,
-    }))
-    ch.exec_delta.update(n_calls=1, n_input_tokens=full_len, n_output_tokens=int(e.output_ids.size))
+    })
+    st["n_calls"] += 1
+    st["n_input_tokens"] += full_len
+    st["n_output_tokens"] += int(output.size)
     mpv = st["max_policy_version"]
-    ch.exec_set["max_policy_version"] = e.policy_version if mpv is None else max(mpv, e.policy_version)
+    st["max_policy_version"] = e.policy_version if mpv is None else max(mpv, e.policy_version)
+    # Stored normalized when the full input was sent: the matched node as parent, only the rest as tokens.
+    return {"parent": parent.node_id if parent else None} if e.parent is None else None
 
 
-def _h_fork(plan: _Plan, e: Fork, st: Any, ch: _Changes) -> None:
+def _h_fork(plan: _Plan, e: Fork, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     assert e.execution_id is not None
     plan.node(e.at_node, e.execution_id, "fork point")
-    ch.node_updates[e.at_node] = {"fork_branches": e.branches}
-    ch.exec_delta["n_forks"] = 1
+    plan._update_node(e.at_node, {"fork_branches": e.branches})
+    st["n_forks"] += 1
+    return None
 
 
-def _h_segment(plan: _Plan, e: SegmentBoundary, st: dict[str, Any], ch: _Changes) -> None:
+def _h_segment(plan: _Plan, e: SegmentBoundary, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     assert e.execution_id is not None
     src = plan.node(e.from_node, e.execution_id, "segment_boundary.from_node")
     if src.role != t.ROLE_SUMMARY:
@@ -638,36 +598,41 @@ def _h_segment(plan: _Plan, e: SegmentBoundary, st: dict[str, Any], ch: _Changes
             "output node of a summary call",
             event_id=e.event_id,
         )
+    plan.check_new_node(e.root_node_id, e)
     segment = src.segment + 1
-    ch.add_node(plan, node_id=e.root_node_id, event=e, parent=None, role=t.ROLE_PROMPT, array_name="token_ids",
-                tokens=e.token_ids, segment=segment, prev_segment_node=e.from_node)
-    ch.rows.append(("segments", {"root_node": e.root_node_id, "execution_id": e.execution_id,
-                                 "segment": segment, "from_node": e.from_node, "seq": e.seq}))
-    ch.exec_set["n_segments"] = max(st["n_segments"], segment + 1)
+    tokens = np.ascontiguousarray(e.token_ids)
+    plan.add_node(e, st, refs, node_id=e.root_node_id, parent=None, role=t.ROLE_PROMPT, name="token_ids",
+                  tokens=tokens, state=_root_state(tokens), segment=segment, prev_segment_node=e.from_node)
+    plan.rows["segments"].append({"root_node": e.root_node_id, "execution_id": e.execution_id,
+                                  "segment": segment, "from_node": e.from_node, "seq": e.seq})
+    st["n_segments"] = max(st["n_segments"], segment + 1)
+    return None
 
 
-def _h_finished(plan: _Plan, e: ExecutionFinished, st: Any, ch: _Changes) -> None:
+def _h_finished(plan: _Plan, e: ExecutionFinished, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     assert e.execution_id is not None
     for node_id in e.leaf_rewards:
         plan.node(node_id, e.execution_id, "leaf_rewards key")
-    ch.exec_set.update(status=e.status, reward=e.reward, leaf_rewards=dict(e.leaf_rewards), message=e.message,
-                       finished_at=e.created_at)
+    st.update(status=e.status, reward=e.reward, leaf_rewards=dict(e.leaf_rewards), message=e.message,
+              finished_at=e.created_at)
+    return None
 
 
-def _h_score(plan: _Plan, e: PartialScore, st: dict[str, Any], ch: _Changes) -> None:
+def _h_score(plan: _Plan, e: PartialScore, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     expected = 0 if st["score_revision"] is None else st["score_revision"] + 1
     if e.revision != expected:
         raise SequenceError(
             f"partial_score revision {e.revision} for execution {e.execution_id}; expected {expected}",
             event_id=e.event_id,
         )
-    ch.rows.append(("scores", {"event_id": e.event_id, "execution_id": e.execution_id, "revision": e.revision,
-                               "score": float(e.score), "components": e.components, "scorer": e.scorer,
-                               "note": e.note, "created_at": e.created_at}))
-    ch.exec_set.update(score=float(e.score), score_revision=e.revision)
+    plan.rows["scores"].append({"event_id": e.event_id, "execution_id": e.execution_id, "revision": e.revision,
+                                "score": float(e.score), "components": e.components, "scorer": e.scorer,
+                                "note": e.note, "created_at": e.created_at})
+    st.update(score=float(e.score), score_revision=e.revision)
+    return None
 
 
-def _h_policy(plan: _Plan, e: PolicyPublished, st: Any, ch: _Changes) -> None:
+def _h_policy(plan: _Plan, e: PolicyPublished, st: None, refs: dict[str, list[Any]]) -> _Overrides:
     key = (e.run_id, e.version)
     exists = key in plan.policy_keys or plan.db().execute(
         sa.select(t.policy_versions.c.version).where(
@@ -676,10 +641,11 @@ def _h_policy(plan: _Plan, e: PolicyPublished, st: Any, ch: _Changes) -> None:
     ).first()
     if exists:
         raise ConflictError(f"policy version {e.version} of run {e.run_id} was already published")
-    ch.policy_key = key
-    ch.rows.append(("policy_versions", {"run_id": e.run_id, "version": e.version, "event_id": e.event_id,
-                                        "checkpoint": e.checkpoint, "metadata": e.metadata,
-                                        "published_at": e.created_at}))
+    plan.policy_keys.add(key)
+    plan.rows["policy_versions"].append({"run_id": e.run_id, "version": e.version, "event_id": e.event_id,
+                                         "checkpoint": e.checkpoint, "metadata": e.metadata,
+                                         "published_at": e.created_at})
+    return None
 
 
 _HANDLERS: dict[type[Event], Any] = {
@@ -695,12 +661,16 @@ _HANDLERS: dict[type[Event], Any] = {
 }
 
 
-def _event_row(event: Event, array_refs: dict[str, list[Any]], overrides: dict[str, Any]) -> dict[str, Any]:
-    body = {**event.scalar_fields(), **overrides}
-    refs = dict(array_refs)
-    for name, arr in event.array_fields().items():
-        if name not in refs:
-            refs[name] = [digest_bytes(pack(arr)).hex() if arr.size else None, int(arr.size)]
+def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """The stored event: envelope columns, and a body of its scalar fields (with ``overrides``) and its arrays
+    as [span digest hex, count] (``refs``, which this completes)."""
+    body = event.scalar_fields()
+    if overrides:
+        body.update(overrides)
+    if len(refs) != len(event.arrays):
+        for name, arr in event.array_fields().items():
+            if name not in refs:
+                refs[name] = [digest_bytes(pack(arr)).hex() if arr.size else None, int(arr.size)]
     body["arrays"] = refs
     return {
         "event_id": event.event_id,
