@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import sqlalchemy as sa
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, bulk_insert, text_payload
+from sapwood.platform.bulkcopy import COPY_MIN_ROWS, bulk_insert, frame_span, text_payload
 from sapwood.platform.store import Store
+from sapwood.platform.tokens import DIGEST_SIZE
 
 AWKWARD = ["", "tab\there", "line\nbreak\r\n", "back\\slash \\N \\.", "ünïcødé ✓", "quote \" ' ,"]
 
@@ -45,3 +48,22 @@ def test_json_columns_take_numpy_scalars_int_keys_and_big_ints() -> None:
     assert data == b'{"k":3,"f":0.5,"1":"x"}\n'
     _, data = text_payload(t.events, [{"body": {"big": 2**70}}])  # beyond 64 bits: the standard library writes it
     assert data == b'{"big":1180591620717411303424}\n'
+
+
+def _parse_span_row(data: bytes) -> tuple[int, bytes, int, bytes]:
+    """(field count, digest, encoding, payload) of one binary-COPY ``spans`` row."""
+    fields, n_digest = struct.unpack_from("!hi", data)
+    digest = data[6 : 6 + n_digest]
+    n_enc, encoding, n_data = struct.unpack_from("!ihi", data, 6 + n_digest)
+    payload = data[6 + n_digest + 10 :]
+    assert n_enc == 2 and len(payload) == n_data
+    return fields, digest, encoding, payload
+
+
+def test_span_rows_frame_any_digest_length() -> None:
+    for digest in (bytes(range(DIGEST_SIZE)), b"\x01\x02\x03"):  # the one-pack path and the general one
+        parts: list[bytes] = []
+        size = frame_span(parts, digest, 3, b"payload bytes")
+        row = b"".join(parts)
+        assert size == len(row)
+        assert _parse_span_row(row) == (3, digest, 3, b"payload bytes")

@@ -20,6 +20,8 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from sapwood.platform.tokens import DIGEST_SIZE
+
 #: Below this many rows a plain multi-row INSERT beats setting up a COPY.
 COPY_MIN_ROWS = 32
 
@@ -33,6 +35,7 @@ BINARY_TRAILER = struct.pack("!h", -1)
 SPANS_COPY = "COPY spans (digest, encoding, data) FROM STDIN (FORMAT BINARY)"
 _SPAN_HEAD = struct.Struct("!hi")  # 3 fields, digest length
 _SPAN_MID = struct.Struct("!ihi")  # int2 length (2), encoding, data length
+_SPAN_ROW_HEAD = struct.Struct(f"!hi{DIGEST_SIZE}sihi")  # both of the above around a digest of DIGEST_SIZE bytes
 
 Payload = tuple[str, bytes]
 
@@ -106,6 +109,9 @@ def _dumps(value: Any) -> str:
 
 def frame_span(parts: list[bytes], digest: bytes, encoding: int, data: bytes) -> int:
     """Append one binary-COPY ``spans`` row to ``parts``; return the bytes added."""
+    if len(digest) == DIGEST_SIZE:  # the usual case: the whole row head in one pack
+        parts += (_SPAN_ROW_HEAD.pack(3, DIGEST_SIZE, digest, 2, encoding, len(data)), data)
+        return _SPAN_ROW_HEAD.size + len(data)
     parts += (_SPAN_HEAD.pack(3, len(digest)), digest, _SPAN_MID.pack(2, encoding, len(data)), data)
     return _SPAN_HEAD.size + len(digest) + _SPAN_MID.size + len(data)
 

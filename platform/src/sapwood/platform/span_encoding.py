@@ -31,6 +31,7 @@ ENC_U24 = 2
 ENC_U16_HIGH_BITS = 3
 
 _HIGH_HEADER = struct.Struct("<IB")
+_U16 = np.dtype("<u2")
 
 
 def encode_span(arr: np.ndarray, *, bits: int | None = None) -> tuple[int, bytes]:
@@ -45,7 +46,7 @@ def encode_span(arr: np.ndarray, *, bits: int | None = None) -> tuple[int, bytes
     if bits < 0:
         return ENC_RAW, arr.tobytes()
     if bits < 1 << 16:
-        return ENC_U16, arr.astype("<u2").tobytes()
+        return ENC_U16, arr.astype(_U16).tobytes()
     high = bits.bit_length() - 16
     if high < 8:
         hi = (arr >> 16).astype(np.uint8)
@@ -54,7 +55,7 @@ def encode_span(arr: np.ndarray, *, bits: int | None = None) -> tuple[int, bytes
             np.bitwise_and(hi >> j, 1, out=planes[:, j])
         packed = np.packbits(planes, bitorder="little")
         return ENC_U16_HIGH_BITS, b"".join(
-            (_HIGH_HEADER.pack(arr.size, high), arr.astype("<u2").tobytes(), packed.tobytes()))
+            (_HIGH_HEADER.pack(arr.size, high), arr.astype(_U16).tobytes(), packed.tobytes()))
     if bits < 1 << 24:
         return ENC_U24, np.ascontiguousarray(arr).view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
     return ENC_RAW, arr.tobytes()
