@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from sapwood.platform.errors import DTypeError, LengthMismatchError, TokenRangeError, ValidationError
-from sapwood.platform.events import ExecutionFinished, ModelCall, PolicyPublished
+from sapwood.platform.events import ExecutionFinished, ModelCall, PartialScore, PolicyPublished
 from sapwood.platform.tokens import input_digest
 
 
@@ -51,3 +51,22 @@ def test_finish_status_and_policy_scope() -> None:
         ExecutionFinished(execution_id="00000000-0000-4000-8000-000000000001", seq=2, status="done").validate()
     with pytest.raises(ValidationError, match="run-scoped"):
         PolicyPublished(run_id="r", version=1, execution_id="00000000-0000-4000-8000-000000000001").validate()
+
+
+def test_scalar_fields_are_the_non_envelope_non_array_fields_in_order() -> None:
+    """Every kind (a segment boundary has a single scalar field: the one-name getter path)."""
+    import dataclasses
+
+    from sapwood.platform.events import EVENT_TYPES
+    from sapwood.platform.synthetic import SynthConfig, synthetic_execution
+
+    envelope = {"event_id", "execution_id", "seq", "schema_version", "created_at"}
+    seen = set()
+    others = [PolicyPublished(run_id="r", version=1, checkpoint="c"), PartialScore(score=0.5, components={"a": 1.0})]
+    for ev in [*synthetic_execution(SynthConfig(seed=3, calls=12)).events, *others]:
+        arrays = {n for n, _ in ev.arrays}
+        names = [f.name for f in dataclasses.fields(ev) if f.name not in envelope | arrays]
+        assert ev.scalar_fields() == {n: getattr(ev, n) for n in names}
+        assert list(ev.scalar_fields()) == names
+        seen.add(type(ev))
+    assert seen == set(EVENT_TYPES.values())

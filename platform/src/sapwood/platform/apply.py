@@ -411,8 +411,12 @@ class _Plan:
         self.children_new.setdefault(parent_id, []).append(node_id)
         self.states[node_id] = state
         before = parent_id or prev_segment_node
-        if before:
-            self._update_node(before, {"is_leaf": False})
+        if before:  # no longer a leaf
+            row = self.new_nodes.get(before)
+            if row is not None:
+                row["is_leaf"] = False
+            else:
+                self.node_updates.setdefault(before, {})["is_leaf"] = False
         st["n_nodes"] += 1
         st["n_tokens"] += length
         return node
@@ -515,11 +519,12 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[
     exec_id = e.execution_id
     assert exec_id is not None
     appended = e.appended
+    event_input_id, output_id = e.input_node_id, e.output_node_id
     if e.parent is not None:
         parent: _Node | None = plan.node(e.parent, exec_id, "model_call parent")
         full_len = (parent.end if parent else 0) + int(appended.size)
         state = plan.child_state(e.parent, np.ascontiguousarray(appended).data)
-        input_node_id = e.input_node_id
+        input_node_id = event_input_id
     else:
         # Full input: verify directly, then share whatever whole nodes already exist.
         state = _root_state(appended)
@@ -527,7 +532,7 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[
         matched, offset = plan.match_whole_nodes(exec_id, appended)
         parent = plan.nodes[matched] if matched else None
         appended = appended[offset:]
-        input_node_id = e.input_node_id if appended.size else matched
+        input_node_id = event_input_id if appended.size else matched
     digest = state.hexdigest()
     if digest != e.input_digest:
         raise DigestMismatchError(
@@ -537,11 +542,11 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[
             event_id=e.event_id,
         )
     if appended.size:
-        plan.check_new_node(e.input_node_id or "", e)
-    plan.check_new_node(e.output_node_id, e)
+        plan.check_new_node(event_input_id or "", e)
+    plan.check_new_node(output_id, e)
     # -- effects
     if appended.size:
-        input_parent = plan.add_node(e, st, refs, node_id=e.input_node_id or "", parent=parent, role=t.ROLE_PROMPT,
+        input_parent = plan.add_node(e, st, refs, node_id=event_input_id or "", parent=parent, role=t.ROLE_PROMPT,
                                      name="appended", tokens=appended, state=state)
     else:
         refs["appended"] = [None, 0]
@@ -550,7 +555,7 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[
     output = np.ascontiguousarray(e.output_ids)
     out_state = state.copy()
     out_state.update(output.data)
-    plan.add_node(e, st, refs, node_id=e.output_node_id, parent=input_parent,
+    plan.add_node(e, st, refs, node_id=output_id, parent=input_parent,
                   role=t.ROLE_SUMMARY if e.call_kind == "summary" else t.ROLE_ACTION, name="output_ids",
                   tokens=output, state=out_state, call_id=e.event_id, policy_version=e.policy_version)
     lp_digest = plan.add_span(refs, "output_logprobs", e.output_logprobs)
@@ -563,7 +568,7 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[
         "input_node": input_node_id or input_parent.node_id,
         "input_len": full_len,
         "input_digest": e.input_digest,
-        "output_node": e.output_node_id,
+        "output_node": output_id,
         "n_output": int(output.size),
         "logprobs_digest": lp_digest,
         "policy_version": e.policy_version,

@@ -14,8 +14,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import operator
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
@@ -137,7 +139,8 @@ class Event:
     # -- plain-data views -----------------------------------------------------------------------------
     def scalar_fields(self) -> dict[str, Any]:
         """Every non-envelope, non-array field as JSON-able data."""
-        return {name: getattr(self, name) for name in _scalar_names(type(self))}
+        names, get = _scalar_getter(type(self))
+        return dict(zip(names, get(self), strict=True))
 
     def array_fields(self) -> dict[str, np.ndarray]:
         return {name: getattr(self, name) for name, _ in self.arrays}
@@ -156,6 +159,24 @@ _ENVELOPE = frozenset({"event_id", "execution_id", "seq", "schema_version", "cre
 
 
 _SCALAR_NAMES: dict[type, tuple[str, ...]] = {}
+_SCALAR_GETTERS: dict[type, tuple[tuple[str, ...], Callable[[Event], tuple[Any, ...]]]] = {}
+
+
+def _scalar_getter(cls: type[Event]) -> tuple[tuple[str, ...], Callable[[Event], tuple[Any, ...]]]:
+    """``cls``'s scalar field names and one getter returning their values as a tuple (built once per class)."""
+    getter = _SCALAR_GETTERS.get(cls)
+    if getter is None:
+        names = _scalar_names(cls)
+        values = operator.attrgetter(*names) if names else None
+
+        def get(event: Event) -> tuple[Any, ...]:
+            if values is None:
+                return ()
+            got = values(event)
+            return got if len(names) > 1 else (got,)  # attrgetter of one name returns the bare value
+
+        getter = _SCALAR_GETTERS[cls] = (names, get)
+    return getter
 
 
 def _scalar_names(cls: type[Event]) -> tuple[str, ...]:
