@@ -292,3 +292,62 @@ def test_validation_errors_are_sapwood_errors(store: Store) -> None:
     w.events[0].schema_version = 7
     with pytest.raises(ValidationError, match="unknown schema version 7"):
         store.apply(w.events[:1])
+
+
+def test_rejected_events_leave_no_trace(store: Store) -> None:
+    """Collect mode, one batch: each kind of event a handler refuses after its own look-ups (a segment from an
+    action node, a fork or leaf reward at an unknown node, a digest mismatch, a skipped score revision, a parent
+    from another execution) is rejected for its reason and leaves nothing behind: the live projections equal a
+    rebuild from the stored events, and the refused call's spans are not stored."""
+    from sapwood.platform.events import ExecutionFinished, Fork, Observation, PartialScore, SegmentBoundary
+    from sapwood.platform.tokens import digest_bytes, pack
+
+    nowhere = "00000000-0000-4000-8000-0000000000ff"
+    other = ExecutionWriter(run_id="r", task_id="other", vocab_size=20_000)
+    other.start()
+    foreign = other.prompt([1, 2, 3])
+    events = list(other.events)
+    bad: dict[str, tuple[object, type[Exception]]] = {}
+
+    def make(case: str) -> tuple[ExecutionWriter, ModelCall]:
+        w = ExecutionWriter(run_id="r", task_id=case, vocab_size=20_000)
+        w.start()
+        call = w.call(w.prompt([4, 5, 6]).node_id, [7], [8, 9], [-0.1, -0.2])
+        return w, call
+
+    def last(w: ExecutionWriter, ev: object, case: str, error: type[Exception]) -> None:
+        ev.execution_id, ev.seq = w.execution_id, len(w.events)  # type: ignore[attr-defined]
+        events.extend([*w.events, ev])  # type: ignore[list-item]
+        bad[case] = (ev, error)
+
+    w, call = make("segment from an action")
+    last(w, SegmentBoundary(from_node=call.output_node_id, token_ids=[1, 2]), "segment from an action", ValidationError)
+    w, call = make("fork nowhere")
+    last(w, Fork(at_node=nowhere, branches=2), "fork nowhere", UnknownParentError)
+    w, call = make("leaf reward nowhere")
+    last(w, ExecutionFinished(status="success", reward=1.0, leaf_rewards={nowhere: 1.0}), "leaf reward nowhere",
+         UnknownParentError)
+    w, call = make("score skips a revision")
+    last(w, PartialScore(score=0.3, revision=5), "score skips a revision", SequenceError)
+    w, call = make("foreign parent")
+    last(w, Observation(parent=foreign.node_id, token_ids=[1, 2]), "foreign parent", UnknownParentError)
+    w, call = make("digest mismatch")
+    unique = np.arange(19_000, 19_040, dtype=np.int32)
+    wrong = w.call(call.output_node_id, [3], unique, np.full(unique.size, -0.5, np.float32))
+    w.events.pop()
+    wrong.input_digest = "f" * 32
+    last(w, wrong, "digest mismatch", DigestMismatchError)
+
+    result = store.apply(events, strict=False)
+    refused = {r.event.event_id: r.error for r in result.rejected}
+    assert len(refused) == len(bad) and len(result.applied) == len(events) - len(bad)
+    for case, (ev, error) in bad.items():
+        assert isinstance(refused[ev.event_id], error), case  # type: ignore[attr-defined]
+    live = store.projection_hash()
+    store.rebuild_projections()
+    assert store.projection_hash() == live, "a refused event changed a projection"
+    with store.transaction() as conn:
+        stored = {bytes(d) for (d,) in conn.execute(sa.select(t.spans.c.digest))}
+        kept = set(conn.execute(sa.select(t.events.c.event_id)).scalars())
+    assert digest_bytes(pack(unique)) not in stored, "the refused call's output was stored"
+    assert not kept & set(refused)
