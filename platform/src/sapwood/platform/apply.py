@@ -359,11 +359,12 @@ class _Plan:
                     event.check_vocab(vocab_size)
                     return
 
-    # -- effects (called only once every check of the event has passed) ------------------------------
     def check_new_node(self, node_id: str, event: Event) -> None:
+        """Refuse a node id the store or the batch already has."""
         if node_id in self.nodes:
             raise ConflictError(f"node {node_id} already exists (event {event.event_id} reuses its id)")
 
+    # -- effects (called only once every check of the event has passed) ------------------------------
     def add_span(self, refs: dict[str, list[Any]], name: str, arr: np.ndarray) -> bytes | None:
         """Store ``arr`` (the event's array ``name``) as a span unless the batch has it; note its reference
         in ``refs``. Returns its digest (None when empty)."""
@@ -422,6 +423,7 @@ class _Plan:
         return node
 
     def _update_node(self, node_id: str, values: dict[str, Any]) -> None:
+        """Set ``values`` on a node: in its row when this batch created it, else as an UPDATE after the COPYs."""
         row = self.new_nodes.get(node_id)
         if row is not None:
             row.update(values)
