@@ -149,6 +149,9 @@ class _Node:
         return self.depth + self.length
 
 
+#: Node values set on a parent when a child is added.
+_NOT_A_LEAF = {"is_leaf": False}
+
 _EXEC_COUNTERS = ("n_nodes", "n_tokens", "n_input_tokens", "n_output_tokens", "n_calls", "n_forks")
 
 
@@ -412,17 +415,13 @@ class _Plan:
         self.children_new.setdefault(parent_id, []).append(node_id)
         self.states[node_id] = state
         before = parent_id or prev_segment_node
-        if before:  # no longer a leaf
-            row = self.new_nodes.get(before)
-            if row is not None:
-                row["is_leaf"] = False
-            else:
-                self.node_updates.setdefault(before, {})["is_leaf"] = False
+        if before:
+            self.update_node(before, _NOT_A_LEAF)
         st["n_nodes"] += 1
         st["n_tokens"] += length
         return node
 
-    def _update_node(self, node_id: str, values: dict[str, Any]) -> None:
+    def update_node(self, node_id: str, values: dict[str, Any]) -> None:
         """Set ``values`` on a node: in its row when this batch created it, else as an UPDATE after the COPYs."""
         row = self.new_nodes.get(node_id)
         if row is not None:
@@ -591,7 +590,7 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[
 def _h_fork(plan: _Plan, e: Fork, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     assert e.execution_id is not None
     plan.node(e.at_node, e.execution_id, "fork point")
-    plan._update_node(e.at_node, {"fork_branches": e.branches})
+    plan.update_node(e.at_node, {"fork_branches": e.branches})
     st["n_forks"] += 1
     return None
 
@@ -670,14 +669,11 @@ _HANDLERS: dict[type[Event], Any] = {
 
 def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, Any] | None) -> dict[str, Any]:
     """The stored event: envelope columns, and a body of its scalar fields (with ``overrides``) and its arrays
-    as [span digest hex, count] (``refs``, which this completes)."""
+    as [span digest hex, count] (``refs``: every handler notes each array of its event there)."""
     body = event.scalar_fields()
     if overrides:
         body.update(overrides)
-    if len(refs) != len(event.arrays):
-        for name, arr in event.array_fields().items():
-            if name not in refs:
-                refs[name] = [digest_bytes(pack(arr)).hex() if arr.size else None, int(arr.size)]
+    assert len(refs) == len(event.arrays), f"{event.kind}: arrays {sorted(refs)} noted, {event.arrays} declared"
     body["arrays"] = refs
     return {
         "event_id": event.event_id,
