@@ -181,6 +181,7 @@ def test_restart_resumes_from_stored_offsets_and_exports_metrics(pg_url: str, ka
         wait_until(lambda: service.lag and all(v == 0 for v in service.lag.values()), 10, "lag gauge at 0")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         kafka_offsets = {tp.partition: service.consumer.committed(tp) for tp in service.positions}
+        in_process = service.committed_offsets()
     assert f"sapwood_ingest_events_total {float(len(second))}" in text
     assert "sapwood_ingest_tokens_total" in text and "sapwood_ingest_apply_seconds_bucket" in text
     assert "sapwood_ingest_rebalances_total 1.0" in text
@@ -191,4 +192,6 @@ def test_restart_resumes_from_stored_offsets_and_exports_metrics(pg_url: str, ka
     ends = end_offsets(kafka_bootstrap, topic)
     assert stored == {p: e for p, e in ends.items() if e > 0}
     assert {p: o for p, o in kafka_offsets.items() if o is not None} == stored, "Kafka gets a copy of the offsets"
+    assert {p: o for p, o in in_process.items() if o is not None} == stored, "the service reports what it stored"
+    assert set(in_process) == {0, 1}, "both partitions, one of them possibly empty (None)"
     assert count_rows(store.engine, t.consumer_offsets) == len(stored)

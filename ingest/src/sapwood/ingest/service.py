@@ -174,6 +174,28 @@ def connection_lost(exc: BaseException) -> bool:
     return False
 
 
+def consumer_settings(cfg: IngestConfig, client_id: str) -> dict[str, Any]:
+    """The ``KafkaConsumer`` settings of an ingest process (manual commits: offsets live in the store)."""
+    settings: dict[str, Any] = {
+        "bootstrap_servers": cfg.bootstrap,
+        "group_id": cfg.group,
+        "client_id": client_id,
+        "group_instance_id": cfg.instance_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_poll_records": cfg.batch_size,
+        "session_timeout_ms": cfg.session_timeout_ms,
+        "heartbeat_interval_ms": cfg.heartbeat_interval_ms,
+        "fetch_max_wait_ms": 100,
+        "max_partition_fetch_bytes": max(1024 * 1024, cfg.max_event_bytes + 64 * 1024),
+        # a partition set missed by the first assignment is noticed within this delay (see _settle_group)
+        "metadata_max_age_ms": 30_000,
+        "reconnect_backoff_max_ms": 1000,  # back within a second of a broker restart
+    }
+    settings.update(cfg.consumer_config)
+    return settings
+
+
 class IngestService:
     """One ingest process: ``run()`` consumes until :meth:`stop` (SIGTERM in the CLI)."""
 
@@ -207,6 +229,12 @@ class IngestService:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def committed_offsets(self) -> dict[int, int | None]:
+        """Partition → next offset this process committed for it (None: nothing stored yet), for the
+        partitions it holds now; safe to call from another thread."""
+        with self._lock:
+            return {tp.partition: offset for tp, offset in self.positions.items() if tp.topic == self.config.topic}
+
     def run(self) -> None:
         """Consume and apply until :meth:`stop` is called."""
         try:
@@ -227,24 +255,7 @@ class IngestService:
             if cfg.dead_letter_topic:
                 topics[cfg.dead_letter_topic] = 1
             ensure_topics(cfg.bootstrap, topics, max_event_bytes=cfg.max_event_bytes)
-        consumer_config: dict[str, Any] = {
-            "bootstrap_servers": cfg.bootstrap,
-            "group_id": cfg.group,
-            "client_id": self.client_id,
-            "group_instance_id": cfg.instance_id,
-            "enable_auto_commit": False,
-            "auto_offset_reset": "earliest",
-            "max_poll_records": cfg.batch_size,
-            "session_timeout_ms": cfg.session_timeout_ms,
-            "heartbeat_interval_ms": cfg.heartbeat_interval_ms,
-            "fetch_max_wait_ms": 100,
-            "max_partition_fetch_bytes": max(1024 * 1024, cfg.max_event_bytes + 64 * 1024),
-            # a partition set missed by the first assignment is noticed within this delay (see _settle_group)
-            "metadata_max_age_ms": 30_000,
-            "reconnect_backoff_max_ms": 1000,  # back within a second of a broker restart
-        }
-        consumer_config.update(cfg.consumer_config)
-        self.consumer = KafkaConsumer(**consumer_config)
+        self.consumer = KafkaConsumer(**consumer_settings(cfg, self.client_id))
         self.consumer.subscribe([cfg.topic], listener=_Listener(self))
         # Know the topic's partitions before joining, so the first assignment is not empty. Subscribed
         # first, so this metadata also reaches the group coordinator: kafka-python compares the metadata
@@ -596,4 +607,4 @@ class IngestService:
             self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
 
 
-__all__ = ["IngestConfig", "IngestService", "IngestStats"]
+__all__ = ["IngestConfig", "IngestService", "IngestStats", "consumer_settings"]
