@@ -147,7 +147,10 @@ def kafka_client_seconds(config: IngestConfig, records: int, *, decode_records: 
         while not consumer.partitions_for_topic(config.topic):  # as the service: join knowing the partitions
             time.sleep(0.05)
         seen, first = 0, 0.0
+        deadline = time.monotonic() + 600
         while seen < records:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fetched {seen} of {records} records of {config.topic} in 600 s")
             polled = consumer.poll(timeout_ms=1000, max_records=config.batch_size)
             for batch in polled.values():
                 if not first:

@@ -230,8 +230,9 @@ class IngestService:
         return self._stop.is_set()
 
     def committed_offsets(self) -> dict[int, int | None]:
-        """Partition → next offset this process committed for it (None: nothing stored yet), for the
-        partitions it holds now; safe to call from another thread."""
+        """Partition → the next offset stored for it, as this process last read it on assignment or
+        committed it (None: nothing stored yet), for the partitions it holds now; safe to call from
+        another thread."""
         with self._lock:
             return {tp.partition: offset for tp, offset in self.positions.items() if tp.topic == self.config.topic}
 
