@@ -142,12 +142,14 @@ def kafka_client_seconds(config: IngestConfig, records: int, *, decode_records: 
     settings = consumer_settings(config, "sapwood-bench-client")
     settings["group_id"] = f"bench-client-{uuid.uuid4().hex[:8]}"
     consumer = KafkaConsumer(**settings)
+    deadline = time.monotonic() + 600
     try:
         consumer.subscribe([config.topic])
         while not consumer.partitions_for_topic(config.topic):  # as the service: join knowing the partitions
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no partitions known for {config.topic} in 600 s")
             time.sleep(0.05)
         seen, first = 0, 0.0
-        deadline = time.monotonic() + 600
         while seen < records:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fetched {seen} of {records} records of {config.topic} in 600 s")

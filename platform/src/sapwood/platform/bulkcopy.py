@@ -128,8 +128,8 @@ def spans_payload(rows: list[tuple[bytes, int, bytes]]) -> Payload:
 def send(conn: Connection, payload: Payload) -> None:
     """Run one COPY payload on the transaction's connection."""
     sql, data = payload
-    raw = conn.connection.driver_connection
-    with raw.cursor() as cur, cur.copy(sql) as copy:  # type: ignore[union-attr]
+    stack, copy = open_copy(conn, sql)
+    with stack:
         copy.write(data)
 
 
