@@ -18,7 +18,7 @@ from support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 
-HEAD = "0005"
+HEAD = "0006"
 
 
 def _tables(store: Store) -> set[str]:
@@ -78,4 +78,30 @@ def test_span_encoding_downgrade_widens_spans(pg_url: str) -> None:
     store.migrate()
     for call_id, ids in before.items():
         assert np.array_equal(store.reconstruct_input(call_id), ids)
+    store.close()
+
+
+def _span_storage(store: Store) -> tuple[list[str] | None, int]:
+    """The spans table's storage parameters and the number of chunks in its TOAST table."""
+    with store.transaction() as conn:
+        options, toast = conn.execute(sa.text(
+            "SELECT reloptions, reltoastrelid::regclass::text FROM pg_class WHERE relname = 'spans'")).one()
+        chunks = conn.execute(sa.text(f"SELECT count(*) FROM {toast}")).scalar_one()
+    return options, int(chunks)
+
+
+def test_spans_up_to_a_page_stay_inline(pg_url: str) -> None:
+    """0006 keeps span rows up to 8160 bytes in the table (no TOAST chunks); 0005 moves them out again."""
+    store = Store.open(pg_url)
+    writer = small_execution(5, obs_min=2500, obs_max=3500)  # observations of 5–7 KB stored as uint16
+    store.apply(writer.events)
+    options, chunks = _span_storage(store)
+    assert options == ["toast_tuple_target=8160"] and chunks == 0
+
+    store.downgrade("0005")
+    assert _span_storage(store)[0] is None
+    store.apply(small_execution(6, obs_min=2500, obs_max=3500).events)
+    assert _span_storage(store)[1] > 0, "rows over ~2 KB go to TOAST at the default threshold"
+    store.migrate()
+    assert _span_storage(store)[0] == ["toast_tuple_target=8160"]
     store.close()
