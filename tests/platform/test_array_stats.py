@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sapwood.platform.array_stats import batch_stats
-from sapwood.platform.tokens import MAX_LOGPROB
+from sapwood.platform.tokens import MAX_LOGPROB, digest_bytes
 
 _ids = st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40).map(lambda v: np.array(v, dtype=np.int32))
 _lps = st.lists(
@@ -42,3 +42,11 @@ def test_one_bad_value_flags_only_its_own_array() -> None:
     good, bad = np.full(5, -0.5, np.float32), np.array([-0.5, np.nan, -0.1], np.float32)
     stats = batch_stats([good, bad, good.copy()])
     assert stats.logprobs_ok(good) is True and stats.logprobs_ok(bad) is False
+
+
+def test_digests_when_asked_for() -> None:
+    ids, lps = np.arange(6, dtype=np.int32), np.full(3, -0.25, np.float32)
+    assert batch_stats([ids, lps]).digest(ids) is None, "no digests unless asked for"
+    stats = batch_stats([ids, lps], digests=True)
+    assert stats.digest(ids) == digest_bytes(ids.tobytes()) and stats.digest(lps) == digest_bytes(lps.tobytes())
+    assert stats.digest(ids.copy()) is None

@@ -166,11 +166,9 @@ class _Plan:
         self.replay = replay
         #: Where new spans go as soon as their event is planned (PostgreSQL); else written at the end.
         self.stream = stream
-        #: id(array) → (array, digest), computed up front by :meth:`prepare_arrays`.
-        self.digests: dict[int, tuple[np.ndarray, bytes]] = {}
         #: digest → whether the store already holds that span (before this batch).
         self.span_stored: dict[bytes, bool] = {}
-        #: Batch-wide array figures from :meth:`prepare_arrays` (empty until then).
+        #: Batch-wide array figures (and digests) from :meth:`prepare_arrays` (empty until then).
         self.stats = ArrayStats()
         self.execs: dict[str, dict[str, Any]] = {}
         self.new_execs: set[str] = set()
@@ -220,21 +218,17 @@ class _Plan:
         """Check figures of every array of ``events`` in a few vectorized passes; with ``spans``, also
         digest every array and look up which spans are stored already."""
         arrays = [arr for e in events for arr in e.array_fields().values() if arr.size]
-        self.stats = batch_stats(arrays)
+        self.stats = batch_stats(arrays, digests=spans)
         if not spans:
             return
-        for arr in arrays:
-            self.digests[id(arr)] = (arr, digest_bytes(np.ascontiguousarray(arr).data))
-        wanted = {d for _, d in self.digests.values()}
+        wanted = {d for _, d in self.stats.digests.values()}
         stored = existing_digests(self.conn, wanted)
         self.span_stored = {d: d in stored for d in wanted}
 
     def digest_of(self, arr: np.ndarray) -> bytes:
         """Content address of a contiguous canonical array (from :meth:`prepare_arrays` when known)."""
-        known = self.digests.get(id(arr))
-        if known is not None and known[0] is arr:
-            return known[1]
-        return digest_bytes(arr.data)
+        known = self.stats.digest(arr)
+        return known if known is not None else digest_bytes(arr.data)
 
     def db(self) -> Connection:
         """The connection, ready for a query (an open span COPY is ended first)."""

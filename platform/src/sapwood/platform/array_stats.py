@@ -1,9 +1,10 @@
 """Per-array figures of a whole batch, computed in a few vectorized passes.
 
 Apply needs, for every token array of a batch, its largest id (the vocabulary check) and the
-bitwise OR of its ids (the storage encoding), and for every log-prob array whether it holds
-finite values ≤ 0. One numpy call per array costs microseconds of overhead each, thousands of
-times per batch; here each figure is one ``reduceat`` over the batch's arrays laid end to end.
+bitwise OR of its ids (the storage encoding), for every log-prob array whether it holds finite
+values ≤ 0, and for every array its content digest. One numpy call per array costs microseconds
+of overhead each, thousands of times per batch; here each figure is one ``reduceat`` over the
+batch's arrays laid end to end.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sapwood.platform.tokens import LOGPROB_DTYPE, MAX_LOGPROB, TOKEN_DTYPE
+from sapwood.platform.tokens import LOGPROB_DTYPE, MAX_LOGPROB, TOKEN_DTYPE, digest_bytes
 
 
 @dataclass
@@ -27,6 +28,8 @@ class ArrayStats:
     tokens: dict[int, tuple[np.ndarray, int, int]] = field(default_factory=dict)
     #: id → (array, whether every log-prob is finite and ≤ :data:`MAX_LOGPROB`).
     logprobs: dict[int, tuple[np.ndarray, bool]] = field(default_factory=dict)
+    #: id → (array, BLAKE2b-128 digest of its canonical bytes); filled when digests were asked for.
+    digests: dict[int, tuple[np.ndarray, bytes]] = field(default_factory=dict)
 
     def token_top(self, arr: np.ndarray) -> int | None:
         """Largest id of ``arr`` as uint32, or None when ``arr`` was not in the batch."""
@@ -43,9 +46,15 @@ class ArrayStats:
         known = self.logprobs.get(id(arr))
         return known[1] if known is not None and known[0] is arr else None
 
+    def digest(self, arr: np.ndarray) -> bytes | None:
+        """Content digest of ``arr``, or None when unknown."""
+        known = self.digests.get(id(arr))
+        return known[1] if known is not None and known[0] is arr else None
 
-def batch_stats(arrays: Iterable[np.ndarray]) -> ArrayStats:
-    """Stats of every non-empty int32 token array [n] and float32 log-prob array [n] in ``arrays``."""
+
+def batch_stats(arrays: Iterable[np.ndarray], *, digests: bool = False) -> ArrayStats:
+    """Figures of every non-empty int32 token array [n] and float32 log-prob array [n] in ``arrays``;
+    with ``digests``, their content digests too."""
     stats = ArrayStats()
     toks: list[np.ndarray] = []
     lps: list[np.ndarray] = []
@@ -74,6 +83,9 @@ def batch_stats(arrays: Iterable[np.ndarray]) -> ArrayStats:
         ok = ((highest <= MAX_LOGPROB) & (lowest > -np.inf)).tolist()
         for arr, good in zip(lps, ok, strict=True):
             stats.logprobs[id(arr)] = (arr, good)
+    if digests:
+        for arr in (*toks, *lps):
+            stats.digests[id(arr)] = (arr, digest_bytes(np.ascontiguousarray(arr).data))
     return stats
 
 
