@@ -286,12 +286,13 @@ def plot(figures: dict[str, Any], path: Path) -> Path:
 
     phases = figures["apply_phases_ms"]
     fig, ax = plt.subplots(figsize=(8.5, 3.6))
+    colors = plt.get_cmap("tab10")
     left = 0.0
-    for (name, ms), color in zip(phases.items(), plt.get_cmap("tab10").colors, strict=False):
-        ax.barh("apply", ms, left=left, color=color, label=f"{name} {ms:.0f} ms")
+    for i, (name, ms) in enumerate(phases.items()):
+        ax.barh("apply", ms, left=left, color=colors(i), label=f"{name} {ms:.0f} ms")
         left += ms
     lookups, hashing, floor = phases["lookups"], figures["hash_ms"], figures["store_floor_ms"]
-    ax.barh("no planning", lookups, color=plt.get_cmap("tab10").colors[0])
+    ax.barh("no planning", lookups, color=colors(0))
     ax.barh("no planning", hashing, left=lookups, color="tan", label=f"hashing alone {hashing:.0f} ms")
     ax.barh("no planning", floor, left=lookups + hashing, color="silver",
             label=f"the rows apply stored, copied back {floor:.0f} ms")
