@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,23 +34,26 @@ class ArrayStats:
 
     def token_top(self, arr: np.ndarray) -> int | None:
         """Largest id of ``arr`` as uint32, or None when ``arr`` was not in the batch."""
-        known = self.tokens.get(id(arr))
-        return known[1] if known is not None and known[0] is arr else None
+        return _known(self.tokens, arr, 1)
 
     def token_bits(self, arr: np.ndarray) -> int | None:
         """Bitwise OR of ``arr``'s ids (its bit length is the largest id's), or None when unknown."""
-        known = self.tokens.get(id(arr))
-        return known[2] if known is not None and known[0] is arr else None
+        return _known(self.tokens, arr, 2)
 
     def logprobs_ok(self, arr: np.ndarray) -> bool | None:
         """Whether ``arr`` holds finite log-probs ≤ :data:`MAX_LOGPROB`; None when unknown."""
-        known = self.logprobs.get(id(arr))
-        return known[1] if known is not None and known[0] is arr else None
+        return _known(self.logprobs, arr, 1)
 
     def digest(self, arr: np.ndarray) -> bytes | None:
         """Content digest of ``arr``, or None when unknown."""
-        known = self.digests.get(id(arr))
-        return known[1] if known is not None and known[0] is arr else None
+        return _known(self.digests, arr, 1)
+
+
+def _known(table: dict[int, tuple[Any, ...]], arr: np.ndarray, index: int) -> Any:
+    """Item ``index`` of ``arr``'s entry in ``table`` (keyed by ``id(array)``, the array first), or None
+    when ``table`` has no entry for this very object."""
+    entry = table.get(id(arr))
+    return entry[index] if entry is not None and entry[0] is arr else None
 
 
 def batch_stats(arrays: Iterable[np.ndarray], *, digests: bool = False) -> ArrayStats:
