@@ -36,3 +36,7 @@ def test_array_literal_refuses_text_that_would_change_the_array() -> None:
         uuid_array_literal([a + "}," + "{" + b])  # element boundaries smuggled in
     with pytest.raises(ValueError):
         uuid_array_literal([a, "x"])
+    with pytest.raises(ValueError):
+        uuid_array_literal([f"{a},{b}"])  # one value holding two ids is not two ids
+    with pytest.raises(ValueError):
+        uuid_array_literal([f"{a},{b}", a])

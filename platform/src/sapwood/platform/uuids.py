@@ -25,7 +25,8 @@ def uuid_array_literal(values: Sequence[str]) -> str:
     """A PostgreSQL ``uuid[]`` array literal of ``values`` (one regex over the whole literal when all
     are canonical already); :class:`ValueError` when one is not a UUID."""
     literal = "{" + ",".join(values) + "}"
-    if _ARRAY.fullmatch(literal):
+    # The length check keeps one value holding two UUIDs ("<uuid>,<uuid>") from passing as two.
+    if len(literal) == 37 * len(values) + 1 and _ARRAY.fullmatch(literal):
         return literal
     return "{" + ",".join(canonical_uuid(v) for v in values) + "}"
 
