@@ -158,15 +158,16 @@ class Event:
 _ENVELOPE = frozenset({"event_id", "execution_id", "seq", "schema_version", "created_at"})
 
 
-_SCALAR_NAMES: dict[type, tuple[str, ...]] = {}
 _SCALAR_GETTERS: dict[type, tuple[tuple[str, ...], Callable[[Event], tuple[Any, ...]]]] = {}
 
 
 def _scalar_getter(cls: type[Event]) -> tuple[tuple[str, ...], Callable[[Event], tuple[Any, ...]]]:
-    """``cls``'s scalar field names and one getter returning their values as a tuple (built once per class)."""
+    """Names of ``cls``'s non-envelope, non-array fields in declaration order, and one getter returning
+    their values as a tuple (built once per class)."""
     getter = _SCALAR_GETTERS.get(cls)
     if getter is None:
-        names = _scalar_names(cls)
+        skip = _ENVELOPE | {n for n, _ in cls.arrays}
+        names = tuple(f.name for f in fields(cls) if f.name not in skip)
         values = operator.attrgetter(*names) if names else None
 
         def get(event: Event) -> tuple[Any, ...]:
@@ -177,15 +178,6 @@ def _scalar_getter(cls: type[Event]) -> tuple[tuple[str, ...], Callable[[Event],
 
         getter = _SCALAR_GETTERS[cls] = (names, get)
     return getter
-
-
-def _scalar_names(cls: type[Event]) -> tuple[str, ...]:
-    """Names of ``cls``'s non-envelope, non-array fields, in declaration order (computed once per class)."""
-    names = _SCALAR_NAMES.get(cls)
-    if names is None:
-        skip = _ENVELOPE | {n for n, _ in cls.arrays}
-        names = _SCALAR_NAMES[cls] = tuple(f.name for f in fields(cls) if f.name not in skip)
-    return names
 
 
 @dataclass(eq=False, kw_only=True)
