@@ -9,7 +9,7 @@ go in through a binary ``COPY`` (:mod:`sapwood.platform.bulkcopy`); on SQLite th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,35 +81,80 @@ def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]
     return out
 
 
-_PATH_SQL = sa.text(
+def path_cte(
+    start: sa.Select[Any],
+    dialect: str,
+    *,
+    link: Callable[[sa.CTE], sa.ColumnElement[Any]] | None = None,
+    counter: str | None = None,
+    name: str = "path",
+) -> sa.CTE:
+    """Recursive CTE of the nodes from ``start``'s node up towards the root, one row per node.
+
+    ``start`` selects columns of ``nodes`` (labelled with their column names) for one node; the CTE
+    has the same columns. ``link(cte)`` gives the next node's id (default: ``parent_id``, the
+    context's path; ``coalesce(parent_id, prev_segment_node)`` crosses compactions). ``counter``
+    names a column of ``start`` that each step adds one to instead of reading it from ``nodes``.
+    On PostgreSQL each step is an index probe whatever the table's statistics: the step is a
+    ``LATERAL`` sub-select with ``LIMIT 1``, which the planner cannot flatten into a hash join over
+    a full scan of ``nodes`` (what it picks on a young store: 32 ms for a 179-node path, not 1.4 ms).
     """
-    WITH RECURSIVE path(node_id, parent_id, depth, span_digest) AS (
-        SELECT node_id, parent_id, depth, span_digest FROM nodes WHERE node_id = :node_id
-        UNION ALL
-        SELECT n.node_id, n.parent_id, n.depth, n.span_digest
-        FROM nodes n JOIN path p ON n.node_id = p.parent_id
-    )
-    SELECT p.depth, s.encoding, s.data FROM path p JOIN spans s ON s.digest = p.span_digest ORDER BY p.depth
-    """
-).bindparams(sa.bindparam("node_id", type_=t.Id))
+    base = start.cte(name, recursive=True)
+    nxt = link(base) if link is not None else base.c.parent_id
+    names = [c.name for c in base.c if c.name != counter]
+    src: Any
+    if dialect == "postgresql":
+        src = sa.select(*(t.nodes.c[n] for n in names)).where(t.nodes.c.node_id == nxt).limit(1).lateral("up")
+        joined = base.join(src, sa.true())
+    else:
+        src = t.nodes.alias("up")
+        joined = base.join(src, src.c.node_id == nxt)
+    cols = [(base.c[c.name] + 1).label(c.name) if c.name == counter else src.c[c.name] for c in base.c]
+    return base.union_all(sa.select(*cols).select_from(joined))
+
+
+def _path_spans(path: sa.CTE, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """The path's spans (encoding, data) in context order, after ``extra`` columns."""
+    return (sa.select(*extra, t.spans.c.encoding, t.spans.c.data)
+            .select_from(path.join(t.spans, t.spans.c.digest == path.c.span_digest))
+            .order_by(path.c.depth))
+
+
+_PATH_START = sa.select(t.nodes.c.node_id, t.nodes.c.parent_id, t.nodes.c.depth, t.nodes.c.span_digest)
+#: Path of a node, and of a model call's input (with the recorded input length on every row), per dialect.
+_NODE_PATH = {d: _path_spans(path_cte(_PATH_START.where(t.nodes.c.node_id == sa.bindparam("node_id")), d))
+              for d in ("postgresql", "sqlite")}
+_CALL_PATH = {
+    d: _path_spans(
+        path_cte(_PATH_START.join(t.calls, t.calls.c.input_node == t.nodes.c.node_id)
+                     .where(t.calls.c.call_id == sa.bindparam("call_id")), d),
+        sa.select(t.calls.c.input_len).where(t.calls.c.call_id == sa.bindparam("call_id")).scalar_subquery())
+    for d in ("postgresql", "sqlite")
+}
+
+
+def _concat(rows: Sequence[Any], first: int) -> TokenArray:
+    """Token ids [L] of path rows whose (encoding, data) start at column ``first``."""
+    if len(rows) == 1:
+        return np.frombuffer(decode_span(rows[0][first], rows[0][first + 1]), dtype=TOKEN_DTYPE)
+    return np.frombuffer(b"".join(decode_span(r[first], r[first + 1]) for r in rows), dtype=TOKEN_DTYPE)
 
 
 def path_tokens(conn: Connection, node_id: str) -> TokenArray:
     """Tokens of the context that ends with node ``node_id`` (root → node), as int32 [L]."""
-    if conn.dialect.name == "postgresql":
-        # One index probe per ancestor: without this the planner hash-joins a full scan of
-        # `nodes` on every recursion step whenever it thinks the table is small.
-        conn.execute(sa.text("SET LOCAL enable_seqscan = off"))
-        conn.execute(sa.text("SET LOCAL enable_hashjoin = off"))
-        try:
-            rows = conn.execute(_PATH_SQL, {"node_id": node_id}).all()
-        finally:
-            conn.execute(sa.text("SET LOCAL enable_seqscan TO DEFAULT"))
-            conn.execute(sa.text("SET LOCAL enable_hashjoin TO DEFAULT"))
-    else:
-        rows = conn.execute(_PATH_SQL, {"node_id": node_id}).all()
+    rows = conn.execute(_NODE_PATH[_dialect(conn)], {"node_id": node_id}).all()
     if not rows:
         raise UnknownParentError(f"node {node_id} does not exist")
-    if len(rows) == 1:
-        return np.frombuffer(decode_span(rows[0][1], rows[0][2]), dtype=TOKEN_DTYPE)
-    return np.frombuffer(b"".join(decode_span(r[1], r[2]) for r in rows), dtype=TOKEN_DTYPE)
+    return _concat(rows, 0)
+
+
+def call_input(conn: Connection, call_id: str) -> tuple[TokenArray, int]:
+    """A model call's input ids [L] rebuilt from the tree, and the input length it recorded (one query)."""
+    rows = conn.execute(_CALL_PATH[_dialect(conn)], {"call_id": call_id}).all()
+    if not rows:
+        raise UnknownParentError(f"model call {call_id} does not exist")
+    return _concat(rows, 1), int(rows[0][0])
+
+
+def _dialect(conn: Connection) -> str:
+    return "postgresql" if conn.dialect.name == "postgresql" else "sqlite"

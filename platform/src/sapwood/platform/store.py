@@ -25,7 +25,7 @@ from sapwood.platform.errors import (
 )
 from sapwood.platform.events import Event
 from sapwood.platform.projection import projection_hash, rebuild_projections
-from sapwood.platform.spans import load_spans, path_tokens
+from sapwood.platform.spans import call_input, load_spans, path_tokens
 from sapwood.platform.tokens import FloatArray, TokenArray, unpack_logprobs, unpack_tokens
 
 
@@ -172,14 +172,9 @@ class Store:
     def reconstruct_input(self, call_id: str) -> TokenArray:
         """The exact input ids of model call ``call_id``, rebuilt from the tree."""
         with self.transaction() as conn:
-            row = conn.execute(
-                sa.select(t.calls.c.input_node, t.calls.c.input_len).where(t.calls.c.call_id == call_id)
-            ).first()
-            if row is None:
-                raise UnknownParentError(f"model call {call_id} does not exist")
-            ids = path_tokens(conn, row.input_node)
-        if ids.size != row.input_len:
-            raise StoreError(f"call {call_id}: reconstructed {ids.size} tokens, recorded {row.input_len}")
+            ids, recorded = call_input(conn, call_id)
+        if ids.size != recorded:
+            raise StoreError(f"call {call_id}: reconstructed {ids.size} tokens, recorded {recorded}")
         return ids
 
     def call_output(self, call_id: str) -> tuple[TokenArray, FloatArray]:

@@ -16,7 +16,7 @@ from sapwood.api.tokenizer import Tokenizer
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.span_encoding import decode_span
-from sapwood.platform.spans import load_spans
+from sapwood.platform.spans import load_spans, path_cte
 from sapwood.platform.tokens import TOKEN_DTYPE, digest_bytes, unpack_logprobs, unpack_tokens
 
 _n = t.nodes.c
@@ -48,9 +48,7 @@ class RebuiltInput:
 def context_path(conn: Connection, node_id: str) -> list[tuple[dict[str, Any], bytes]]:
     """(node facts, packed tokens) from the context's root to ``node_id`` (one recursive query)."""
     cols = (_n.node_id, _n.parent_id, _n.role, _n.depth, _n.length, _n.call_id, _n.policy_version, _n.span_digest)
-    base = sa.select(*cols).where(_n.node_id == node_id).cte("ctx", recursive=True)
-    up = t.nodes.alias("up")
-    path = base.union_all(sa.select(*(up.c[c.name] for c in cols)).where(up.c.node_id == base.c.parent_id))
+    path = path_cte(sa.select(*cols).where(_n.node_id == node_id), conn.dialect.name)
     q = (sa.select(path.c.node_id, path.c.role, path.c.depth, path.c.length, path.c.call_id, path.c.policy_version,
                    t.spans.c.encoding, t.spans.c.data)
          .select_from(path.join(t.spans, t.spans.c.digest == path.c.span_digest))

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from sapwood.api.cache import LRU
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError, ValidationError
-from sapwood.platform.spans import load_spans
+from sapwood.platform.spans import load_spans, path_cte
 from sapwood.platform.tokens import unpack_logprobs, unpack_tokens
 
 ROLE = t.ROLE_NAMES
@@ -284,6 +284,11 @@ class PathRow:
 PathCache = LRU[str, list[PathRow]]
 
 
+def _across_segments(path: sa.CTE) -> sa.ColumnElement[Any]:
+    """The node before each path node across compactions: its parent, or for a segment root the summary."""
+    return sa.func.coalesce(path.c.parent_id, path.c.prev_segment_node)
+
+
 def logical_path(conn: Connection, node_id: str, cache: PathCache | None = None) -> list[PathRow]:
     """Nodes from the first root to ``node_id`` across compactions (one recursive query, or the cache)."""
     if cache is not None:
@@ -292,12 +297,8 @@ def logical_path(conn: Connection, node_id: str, cache: PathCache | None = None)
             return hit
     cols = (_n.node_id, _n.parent_id, _n.prev_segment_node, _n.role, _n.span_digest, _n.length, _n.depth, _n.segment,
             _n.call_id, _n.policy_version, _n.execution_id)
-    base = sa.select(*cols, sa.literal(0).label("k")).where(_n.node_id == node_id).cte("lpath", recursive=True)
-    up = t.nodes.alias("up")
-    step = sa.select(*(up.c[c.name] for c in cols), (base.c.k + 1).label("k")).where(
-        up.c.node_id == sa.func.coalesce(base.c.parent_id, base.c.prev_segment_node)
-    )
-    path = base.union_all(step)
+    path = path_cte(sa.select(*cols, sa.literal(0).label("k")).where(_n.node_id == node_id), conn.dialect.name,
+                    link=_across_segments, counter="k", name="lpath")
     rows = conn.execute(sa.select(*(path.c[c.name] for c in cols)).order_by(path.c.k.desc())).all()
     if not rows:
         raise UnknownParentError(f"node {node_id} does not exist")
@@ -394,9 +395,6 @@ def node_detail(conn: Connection, node_id: str, *, offset: int, limit: int) -> t
 
 
 def _level(conn: Connection, node_id: str) -> int:
-    base = sa.select(_n.node_id, _n.parent_id, _n.prev_segment_node).where(_n.node_id == node_id).cte(
-        "lvl", recursive=True)
-    up = t.nodes.alias("up")
-    path = base.union_all(sa.select(up.c.node_id, up.c.parent_id, up.c.prev_segment_node).where(
-        up.c.node_id == sa.func.coalesce(base.c.parent_id, base.c.prev_segment_node)))
+    path = path_cte(sa.select(_n.node_id, _n.parent_id, _n.prev_segment_node).where(_n.node_id == node_id),
+                    conn.dialect.name, link=_across_segments, name="lvl")
     return int(conn.execute(sa.select(sa.func.count()).select_from(path)).scalar_one()) - 1
