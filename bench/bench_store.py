@@ -19,8 +19,9 @@ measured side by side. Two more figures place it:
   client hashes; then the other tables' rows (made beforehand). ``free_planner_vs_copy_ratio``
   is about what a compiled planner pipelined against the server could reach on this schema and
   server.
-* ``floor_and_lookups_vs_copy_ratio``: the store floor plus apply's look-ups, nothing else — the
-  envelope no planner on this schema and server gets past, whatever it hides under the writes.
+* ``floor_and_lookups_vs_copy_ratio``: the store floor plus apply's look-ups, nothing else: about
+  the envelope no planner on this schema and server gets past, whatever it hides under the writes
+  (apply's look-up phase includes a few ms of Python a planner could save).
 
 The last stdout line is a JSON object of the figures.
 
@@ -174,6 +175,7 @@ def _free_planner(url: str, events: list[Any], frames: list[tuple[list[np.ndarra
                         if checking is not None:
                             checking[0].result()
                             cp.write(b"".join(checking[1]))
+                        # (The answer is empty here, a fresh store; a planner would drop the spans it names.)
                         checking = (checker.submit(existing_digests, side, digests), pending)
                         pending, digests, size = [], [], 0
                 if checking is not None:
