@@ -97,7 +97,8 @@ def test_path_walks_probe_the_index_on_a_young_store(pg_url: str) -> None:
             assert _scans_nodes(conn, _NODE_PATH["postgresql"], {"node_id": call.output_node_id}) <= {"Index Scan"}
             assert _scans_nodes(conn, _CALL_PATH["postgresql"], {"call_id": call.call_id}) <= {"Index Scan"}
             start = sa.select(_n.node_id, _n.parent_id).where(_n.node_id == call.output_node_id)
-            # The control: the same walk as a plain recursive join is planned with a full scan here.
+            # The control, so that the assertions above can fail: the same walk as a plain recursive join
+            # (the form path_cte builds for SQLite) is planned with a full scan of nodes on this store.
             plain = path_cte(start, "sqlite")
             assert "Seq Scan" in _scans_nodes(conn, sa.select(*plain.c), {})
     finally:
