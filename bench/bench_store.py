@@ -49,7 +49,7 @@ from sqlalchemy.engine import make_url
 
 from sapwood.platform import schema as t
 from sapwood.platform.apply import _find_duplicates
-from sapwood.platform.bulkcopy import BINARY_HEADER, BINARY_TRAILER, SPANS_COPY, frame_span
+from sapwood.platform.bulkcopy import BINARY_HEADER, BINARY_TRAILER, SPANS_COPY, frame_span, open_copy, send
 from sapwood.platform.events import ModelCall
 from sapwood.platform.span_encoding import encode_span
 from sapwood.platform.spans import existing_digests
@@ -154,8 +154,8 @@ def _free_planner(url: str, events: list[Any], frames: list[tuple[list[np.ndarra
             conn.execute(sa.select(t.executions).where(
                 t.executions.c.execution_id.in_(sorted({e.execution_id for e in events if e.execution_id})))
                 .with_for_update()).all()
-            raw = conn.connection.driver_connection
-            with raw.cursor() as cur, cur.copy(SPANS_COPY) as cp:  # type: ignore[union-attr]
+            spans_copy, cp = open_copy(conn, SPANS_COPY)
+            with spans_copy:
                 cp.write(BINARY_HEADER)
                 pending: list[bytes] = []
                 digests: list[bytes] = []
@@ -165,10 +165,7 @@ def _free_planner(url: str, events: list[Any], frames: list[tuple[list[np.ndarra
                 # sent once its check has answered.
                 checking: tuple[Future[set[bytes]], list[bytes]] | None = None
                 for arrays, framed in frames:
-                    for arr in arrays:
-                        digests.append(digest_bytes(arr.data))
-                        if arr.dtype == np.int32:
-                            state.copy().update(arr.data)  # the input-digest chain's pass over the tokens
+                    _required_hashing(arrays, state, digests)
                     pending.append(framed)
                     size += len(framed)
                     if size >= _FREE_CHECK_BYTES:
@@ -183,9 +180,7 @@ def _free_planner(url: str, events: list[Any], frames: list[tuple[list[np.ndarra
                     cp.write(b"".join(checking[1]))
                 existing_digests(side, digests)
                 cp.write(b"".join(pending) + BINARY_TRAILER)
-            for table in _APPLY_TABLES[1:]:
-                with raw.cursor() as cur, cur.copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as cp:  # type: ignore[union-attr]
-                    cp.write(rows[table])
+            _copy_rows(conn, rows, _APPLY_TABLES[1:])
         return time.perf_counter() - t0
     finally:
         checker.shutdown()
@@ -194,22 +189,31 @@ def _free_planner(url: str, events: list[Any], frames: list[tuple[list[np.ndarra
         store.close()
 
 
+def _required_hashing(arrays: list[np.ndarray], state: Any, digests: list[bytes]) -> None:
+    """The digest work apply cannot skip for contiguous ``arrays``, whatever the planner: each array's
+    span digest (appended to ``digests``), and for token arrays the input-digest chain's pass over
+    their tokens once more (``state``, an input hasher, copied and updated)."""
+    for arr in arrays:
+        digests.append(digest_bytes(arr.data))
+        if arr.dtype == np.int32:
+            state.copy().update(arr.data)
+
+
 def _hash_seconds(events: list[Any]) -> float:
-    """Seconds (best of 3) of the digest work apply cannot skip: the span digest of every array, and
-    the input-digest chain over every token array once more (a copied state, updated)."""
+    """Seconds (best of 3) of :func:`_required_hashing` over every array of ``events``."""
     arrays = [np.ascontiguousarray(a) for e in events for a in e.array_fields().values() if a.size]
-    token_arrays = [a for a in arrays if a.dtype == np.int32]
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
-        for arr in arrays:
-            digest_bytes(arr.data)
-        state = input_hasher()
-        for arr in token_arrays:
-            child = state.copy()
-            child.update(arr.data)
+        _required_hashing(arrays, input_hasher(), [])
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _copy_rows(conn: sa.Connection, rows: dict[str, bytes], tables: tuple[str, ...]) -> None:
+    """One binary COPY per table of ``tables``, in order, of its ``rows`` (from :func:`_export_rows`)."""
+    for table in tables:
+        send(conn, (f"COPY {table} FROM STDIN (FORMAT BINARY)", rows[table]))
 
 
 def _store_floor(url: str, rows: dict[str, bytes]) -> float:
@@ -220,10 +224,7 @@ def _store_floor(url: str, rows: dict[str, bytes]) -> float:
     try:
         t0 = time.perf_counter()
         with store.transaction() as conn:
-            raw = conn.connection.driver_connection
-            for table in _APPLY_TABLES:
-                with raw.cursor() as cur, cur.copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as cp:  # type: ignore[union-attr]
-                    cp.write(rows[table])
+            _copy_rows(conn, rows, _APPLY_TABLES)
         return time.perf_counter() - t0
     finally:
         store.close()
