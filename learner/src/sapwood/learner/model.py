@@ -33,6 +33,7 @@ from sapwood.learner.errors import ConfigError
 __all__ = [
     "ForwardOutput",
     "LossFn",
+    "PackedModel",
     "PolicyBackend",
     "TinyActorCritic",
     "TinyTransformerConfig",
@@ -188,13 +189,18 @@ def gather_token_outputs(logits: Tensor, values: Tensor, tokens: Tensor, parent:
     )
 
 
-def tree_forward(model: TinyActorCritic, batch: TreeBatch) -> ForwardOutput:
+PackedModel = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+"""``(tokens [T], position [T], attn_mask [T, T]) -> (logits [T, V], values [T])``: ``TinyActorCritic``
+or any model with its contract (the Megatron-core backend's)."""
+
+
+def tree_forward(model: PackedModel, batch: TreeBatch) -> ForwardOutput:
     """One forward pass over the batch's unique tokens with the tree attention mask."""
     logits, values = model(batch.tokens, batch.position, batch.attention_mask())
     return gather_token_outputs(logits, values, batch.tokens, batch.parent)
 
 
-def flat_forward(model: TinyActorCritic, batch: TreeBatch, flat: FlatBatch) -> ForwardOutput:
+def flat_forward(model: PackedModel, batch: TreeBatch, flat: FlatBatch) -> ForwardOutput:
     """The flattened baseline: run each sequence of ``flat`` separately with a causal mask.
 
     Returns:
