@@ -1,0 +1,97 @@
+"""Helpers of the Megatron-core backend tests, and the rank function run in spawned processes.
+
+Spawned ranks import this module by name (``support`` is on ``sys.path``, which spawn passes on).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from sapwood.learner.batch import TreeBatch, random_tree_batch
+from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig
+from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, tree_forward
+
+VOCAB = 32
+
+
+def model_config(shared: bool = False) -> TinyTransformerConfig:
+    return TinyTransformerConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, d_ff=64, shared_trunk=shared)
+
+
+def tiny_model(seed: int, shared: bool = False, dtype: torch.dtype = torch.float64) -> TinyActorCritic:
+    torch.manual_seed(seed)
+    return TinyActorCritic(model_config(shared)).to(dtype)
+
+
+def near_policy_batch(model: TinyActorCritic, seed: int, num_executions: int = 3) -> TreeBatch:
+    """Random tree whose rollout log-probs are the model's plus noise (some DIS ratios in, some out)."""
+    batch = random_tree_batch(seed, num_executions=num_executions, jmax=4, max_segments=3, vocab_size=VOCAB)
+    with torch.no_grad():
+        lp = tree_forward(model, batch).logprob.float()
+    noise = 0.6 * torch.randn(batch.num_tokens, generator=torch.Generator().manual_seed(seed))
+    batch.rollout_logprob = torch.where(batch.trainable, (lp + noise).clamp(max=0.0), 0.0)
+    batch.validate()
+    return batch
+
+
+def parallel_config(aggregation: str = "token") -> LearnerConfig:
+    """Warm-up then joint steps; catch-up only on the (exactly reduced) value-loss criterion."""
+    from sapwood.learner.config import PolicyLossConfig
+
+    return LearnerConfig(
+        policy=PolicyLossConfig(aggregation=aggregation),  # type: ignore[arg-type]
+        critic=CriticConfig(warmup_steps=1, catchup_max_steps=1, catchup_min_explained_var=None),
+        optim=OptimConfig(actor_lr=3e-3, critic_lr=3e-3, actor_grad_clip=0.5),
+    )
+
+
+STEPS = 3
+EXECUTIONS = 4
+
+
+def run_steps(rank: int, world: int, mode: str, aggregation: str, seed: int) -> tuple[dict[str, torch.Tensor],
+                                                                                      list[dict[str, float]]]:
+    """``STEPS`` SAO steps of a float64 ``MegatronBackend`` on this rank's part of the batches.
+
+    ``mode``: ``"dp"`` (rank r trains executions r, r + world, ...), ``"tp"`` (every rank the whole
+    batch, the model sharded) or ``"single"`` (one rank, whole batch). Returns the full weights in
+    ``TinyActorCritic`` layout and the metrics of every step.
+    """
+    from sapwood.learner.megatron_backend import MegatronBackend
+    from sapwood.learner.shard import shard_by_execution
+    from sapwood.learner.trainer import SAOTrainer
+
+    tiny = tiny_model(seed)
+    cfg = parallel_config(aggregation)
+    backend = MegatronBackend.from_config(model_config(), cfg, dtype=torch.float64, init_state=tiny.state_dict(),
+                                          tensor_parallel=2 if mode == "tp" else 1)
+    trainer = SAOTrainer(backend, cfg)
+    history = []
+    for step in range(STEPS):
+        batch = near_policy_batch(tiny, seed * 100 + step, num_executions=EXECUTIONS)
+        local = shard_by_execution(batch, rank, world) if mode == "dp" else batch
+        assert bool(local.trainable.any()), "every data-parallel rank needs trainable tokens"
+        history.append(trainer.train_step(local))
+    return backend.tiny_state_dict(), history
+
+
+def rank_main(rank: int, world: int, port: int, mode: str, aggregation: str, seed: int, out: str) -> None:
+    """Entry point of a spawned rank: start the gloo world, run ``run_steps``, rank 0 saves the result."""
+    import torch.distributed as dist
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        from sapwood.learner.megatron_parallel import layout, teardown_parallel
+
+        state, history = run_steps(rank, world, mode, aggregation, seed)
+        where = layout()
+        if rank == 0:
+            torch.save({"state": state, "history": history, "layout": where}, Path(out))
+        teardown_parallel()
+    finally:
+        dist.destroy_process_group()
