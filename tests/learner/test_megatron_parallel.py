@@ -13,10 +13,10 @@ import torch
 
 pytest.importorskip("megatron.core", reason="the megatron extra is part of CI")
 import torch.multiprocessing as mp
-from support.megatron_ranks import EXECUTIONS, STEPS, near_policy_batch, rank_main, run_steps, tiny_model
 
-from sapwood.learner.megatron_parallel import free_port, init_parallel, teardown_parallel
+from sapwood.learner.megatron_parallel import ParallelLayout, free_port, init_parallel, teardown_parallel
 from sapwood.learner.shard import select_executions, shard_by_execution
+from support.megatron_ranks import EXECUTIONS, STEPS, near_policy_batch, rank_main, run_steps, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 SEED = 3
@@ -63,7 +63,7 @@ def test_data_parallel_two_ranks_equal_one_rank_on_the_whole_batch(
 ) -> None:
     got = spawn("dp", aggregation, tmp_path)
     where = got["layout"]
-    assert getattr(where, "data_parallel") == 2 and getattr(where, "tensor_parallel") == 1
+    assert isinstance(where, ParallelLayout) and where.data_parallel == 2 and where.tensor_parallel == 1
     assert_same_run(got, single[aggregation])
 
 
@@ -72,7 +72,7 @@ def test_tensor_parallel_two_ranks_equal_one_rank(
 ) -> None:
     got = spawn("tp", "token", tmp_path)
     where = got["layout"]
-    assert getattr(where, "tensor_parallel") == 2 and getattr(where, "data_parallel") == 1
+    assert isinstance(where, ParallelLayout) and where.tensor_parallel == 2 and where.data_parallel == 1
     assert_same_run(got, single["token"])
 
 
