@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sqlalchemy as sa
+import torch
 from typer.testing import CliRunner
 
 from sapwood.learner.batch import SUMMARY
@@ -142,3 +143,24 @@ def test_cli_ablation_prints_both_arms_and_a_verdict(tmp_path: Path) -> None:
     (verdict,) = line["comparisons"]
     assert verdict["arm"] == "frozen summarizer" and "55.5" in verdict["source"]
     assert isinstance(verdict["direction_reproduced"], bool)
+
+
+def test_demo_with_the_megatron_backend(tmp_path: Path) -> None:
+    """The learner on megatron-core: its checkpoints are served by the workers, reward reported at both ends."""
+    pytest.importorskip("megatron.core", reason="the megatron extra is part of CI")
+    from sapwood.platform.cli import app
+
+    args = ["demo", "--backend", "megatron", "--executions", "24", "--eval-executions", "8", "--pretrain-steps",
+            "40", "--pretrain-noisy-steps", "5", "--out-dir", str(tmp_path), "--quiet", "--seed", "1",
+            "--max-backlog", "2", "--threads", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    s = json.loads(result.stdout.strip().splitlines()[-1])
+    assert s["backend"] == "megatron" and s["executions"] == 24 and not s["time_capped"]
+    assert s["trained_executions"] == 24 and s["worker_errors"] == 0
+    assert s["policy_version"] >= 1 and s["learner_steps"] > 4  # past the 4 critic warm-up steps
+    assert 0.0 <= s["reward_start"] <= 1.0 and 0.0 <= s["reward_end"] <= 1.0
+    ckpts = sorted((tmp_path / "checkpoints").glob("policy-v*.pt"))
+    assert len(ckpts) >= 2 and torch.load(ckpts[-1], weights_only=False)["backend_kind"] == "megatron"
+    bad = CliRunner().invoke(app, ["demo", "--backend", "jax", "--quiet"])
+    assert bad.exit_code != 0 and "backend must be one of" in bad.output

@@ -37,3 +37,45 @@ def test_learn_needs_an_existing_run_or_a_source(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'learn.db'}"
     result = CliRunner().invoke(app, ["learn", "--database-url", url, "--run", "nope"])
     assert result.exit_code != 0 and "does not exist" in result.output
+
+
+def test_learn_with_the_megatron_backend_publishes_tiny_layout_checkpoints_and_resumes(tmp_path: Path) -> None:
+    import pytest
+
+    pytest.importorskip("megatron.core", reason="the megatron extra is part of CI")
+    import torch
+
+    from sapwood.learner.megatron_parallel import teardown_parallel
+    from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
+    from sapwood.rollout.engines import load_model_state
+
+    url = f"sqlite:///{tmp_path / 'learn.db'}"
+    store = Store.open(url)
+    for seed in range(10):
+        store.apply(small_execution(seed, calls=4, forks=1, segments=1).events)
+    args = ["learn", "--database-url", url, "--run", "train", "--source-run", "synthetic", "--idle-timeout", "0.5",
+            "--executions-per-batch", "1", "--checkpoint-dir", str(tmp_path / "ckpt"), "--threads", "1",
+            "--backend", "megatron"]
+    try:
+        result = CliRunner().invoke(app, [*args, "--max-steps", "9"])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.output.strip().splitlines()[-1])
+        # 8 critic warm-up steps, then one joint step: policy version 1, published with its checkpoint
+        assert summary["backend"] == "megatron" and summary["steps"] == 9 and summary["policy_version"] == 1
+        published = latest_policy(store, "train")
+        assert published is not None and published[0] == 1
+        state = torch.load(published[1], weights_only=False)
+        assert state["backend_kind"] == "megatron" and state["policy_version"] == 1
+        tiny = TinyActorCritic(TinyTransformerConfig(vocab_size=state["model"]["actor.tok.weight"].shape[0]))
+        tiny.load_state_dict(load_model_state(published[1]))  # what the rollout engine serves
+        # a second run resumes from that checkpoint and trains the last execution
+        result = CliRunner().invoke(app, [*args, "--max-steps", "5"])
+        assert result.exit_code == 0, result.output
+        assert "resumed from policy version 1" in result.output
+        again = json.loads(result.output.strip().splitlines()[-1])
+        # (the resumed trainer restarts its critic warm-up, as with the torch backend: no new version yet)
+        assert again["steps"] == 1 and again["policy_version"] == 1
+    finally:
+        teardown_parallel()
+    bad = CliRunner().invoke(app, [*args, "--backend", "jax"])
+    assert bad.exit_code != 0 and "--backend must be one of torch, megatron" in bad.output

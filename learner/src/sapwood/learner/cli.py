@@ -27,15 +27,17 @@ def learn(
     checkpoint_dir: Annotated[Path, typer.Option(help="where policy checkpoints are written")] = Path("checkpoints"),
     vocab_size: Annotated[int | None, typer.Option(help="model vocabulary (default: from the executions)")] = None,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 2,
+    backend_name: Annotated[str, typer.Option("--backend", help="learner backend: torch | megatron")] = "torch",
 ) -> None:
     """Claim Jmax-bounded batches of RUN exactly once, train CompactionRL + SAO steps, publish versions."""
     import sqlalchemy as sa
     import torch
     from rich.progress import Progress
 
+    from sapwood.learner.backends import BACKENDS, create_backend
     from sapwood.learner.config import LearnerConfig
     from sapwood.learner.loop import Learner, latest_policy
-    from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
+    from sapwood.learner.model import TinyTransformerConfig
     from sapwood.learner.source import SourceConfig
     from sapwood.learner.trainer import SAOTrainer
     from sapwood.platform import runs
@@ -44,6 +46,8 @@ def learn(
     from sapwood.platform.settings import Settings
     from sapwood.platform.store import Store
 
+    if backend_name not in BACKENDS:
+        raise typer.BadParameter(f"--backend must be one of {', '.join(BACKENDS)}, got {backend_name!r}")
     torch.set_num_threads(threads)
     store = Store.open(database_url or Settings().database_url)
     with store.transaction() as conn:
@@ -58,7 +62,7 @@ def learn(
     if not vocab_size:
         raise typer.BadParameter("no vocab_size recorded; pass --vocab-size")
     config = LearnerConfig(jmax=jmax)
-    backend = TorchBackend(TinyActorCritic(TinyTransformerConfig(vocab_size=int(vocab_size))), config.optim)
+    backend = create_backend(backend_name, TinyTransformerConfig(vocab_size=int(vocab_size)), config)
     resumed = latest_policy(store, run)
     if resumed and resumed[1] and Path(resumed[1]).exists():
         backend.load_state_dict(torch.load(resumed[1], weights_only=False))
@@ -75,5 +79,5 @@ def learn(
                             f"reward {metrics['learner/rewards_mean']:.3f}")
     learner.close()
     last = learner.history[-1] if learner.history else {}
-    print(json.dumps({"steps": len(learner.history), "policy_version": backend.policy_version,
+    print(json.dumps({"steps": len(learner.history), "backend": backend_name, "policy_version": backend.policy_version,
                       "lost_claims": learner.lost_claims, **{k: round(v, 5) for k, v in last.items()}}))

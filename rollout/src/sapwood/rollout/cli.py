@@ -131,6 +131,7 @@ def demo(
     max_backlog: Annotated[int, typer.Option(help="workers pause at this many untrained executions")] = 16,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     quiet: Annotated[bool, typer.Option(help="no progress bars or tables, only the JSON line")] = False,
+    backend: Annotated[str, typer.Option(help="learner backend: torch | megatron")] = "torch",
 ) -> None:
     """Train a tiny agent with asynchronous single-rollout RL and record every call in Sapwood.
 
@@ -151,6 +152,7 @@ def demo(
                      eval_executions=eval_executions, database_url=database_url, kafka_bootstrap=kafka,
                      out_dir=out_dir, aggregation=cast(Literal["token", "segment_mean"], loss),
                      train_summaries=not frozen_summarizer, torch_threads=threads, max_backlog=max_backlog,
+                     backend=backend,
                      pretrain=replace(PretrainConfig(), max_clean_steps=pretrain_steps,
                                       min_clean_steps=min(pretrain_steps, PretrainConfig().min_clean_steps),
                                       noisy_steps=pretrain_noisy_steps))

@@ -38,9 +38,10 @@ import numpy as np
 import sqlalchemy as sa
 import torch
 
+from sapwood.learner.backends import BACKENDS, create_backend
 from sapwood.learner.config import AdvantageConfig, CriticConfig, LearnerConfig, OptimConfig, PolicyLossConfig
 from sapwood.learner.loop import Learner, latest_policy
-from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
+from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
 from sapwood.learner.source import SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
@@ -128,6 +129,9 @@ class DemoConfig:
     """Keep every call's exact input/output in the reports (tests compare them with the store)."""
     plots: bool = True
     """Write ``reward.png`` and ``lag.png``."""
+    backend: str = "torch"
+    """Learner backend: ``"torch"`` (``TorchBackend``) or ``"megatron"`` (megatron-core ``GPTModel``, same
+    weights through the weight mapping; its checkpoints keep the ``TinyActorCritic`` layout the workers load)."""
 
     def model_config(self) -> TinyTransformerConfig:
         return TinyTransformerConfig(vocab_size=self.task.vocab_size, d_model=self.d_model, n_heads=self.n_heads,
@@ -151,6 +155,8 @@ class DemoConfig:
             raise ValidationError("max_backlog and executions_per_batch must be ≥ 1")
         if self.aggregation not in ("token", "segment_mean"):
             raise ValidationError(f"aggregation must be 'token' or 'segment_mean', got {self.aggregation!r}")
+        if self.backend not in BACKENDS:
+            raise ValidationError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.kafka_bootstrap and not self.database_url:
             raise ValidationError("the Kafka demo needs --database-url (the store the ingest service writes)")
 
@@ -418,10 +424,8 @@ class _Demo:
 
             # -- asynchronous phase: workers + learner --
             torch.manual_seed(cfg.seed + 1)
-            model = TinyActorCritic(model_cfg)
-            model.load_state_dict(state0)
             lcfg = cfg.learner_config()
-            backend = TorchBackend(model, lcfg.optim, critic_grad_clip=lcfg.critic.grad_clip)
+            backend = create_backend(cfg.backend, model_cfg, lcfg, init_state=state0)
             learner = Learner(store, self.train_run, SAOTrainer(backend, lcfg), learner_id=f"{self.tag}-learner-0",
                               checkpoint_dir=self.out_dir / "checkpoints",
                               source_config=SourceConfig(jmax=cfg.jmax, executions_per_batch=cfg.executions_per_batch,
@@ -461,7 +465,7 @@ class _Demo:
             self._prune_checkpoints()
 
             # -- evaluation of the final policy --
-            final_state = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+            final_state = {k: v.detach().clone() for k, v in backend.state_dict()["model"].items()}
             engine1 = LocalTorchEngine(model_cfg, state=final_state, policy_version=backend.policy_version,
                                        seed=cfg.seed)
             engine1_summary = None if cfg.train_summaries else LocalTorchEngine(model_cfg, state=state0,
@@ -583,6 +587,7 @@ class _Demo:
             "store": "postgresql" if self.database_url.startswith("postgresql") else "sqlite",
             "transport": "kafka" if cfg.kafka_bootstrap else "in-process",
             "aggregation": cfg.aggregation,
+            "backend": cfg.backend,
             "train_summaries": cfg.train_summaries,
             "reward_start": mean([r.reward for r in eval_start]),
             "reward_end": mean([r.reward for r in eval_end]),
