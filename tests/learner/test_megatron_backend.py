@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("megatron.core", reason="the megatron extra is part of CI")
 
 from sapwood.learner.advantages import batch_gae
-from sapwood.learner.batch import TreeBatch, flatten, random_tree_batch
+from sapwood.learner.batch import flatten, random_tree_batch
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig, PolicyLossConfig
 from sapwood.learner.errors import ConfigError
 from sapwood.learner.megatron_backend import MegatronBackend, loss_denominator
@@ -20,8 +20,8 @@ from sapwood.learner.megatron_model import tiny_to_megatron, weight_map
 from sapwood.learner.megatron_parallel import init_parallel, layout, teardown_parallel
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend, flat_forward, tree_forward
 from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
+from support.megatron_ranks import VOCAB, model_config, near_policy_batch
 
-VOCAB = 32
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # megatron's CPU notes
 
 
@@ -32,10 +32,6 @@ def one_rank() -> Iterator[None]:
     teardown_parallel()
 
 
-def model_config(shared: bool = False) -> TinyTransformerConfig:
-    return TinyTransformerConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, d_ff=64, shared_trunk=shared)
-
-
 def pair(seed: int = 0, shared: bool = False, dtype: torch.dtype = torch.float64,
          optim: OptimConfig | None = None) -> tuple[TorchBackend, MegatronBackend]:
     """A ``TorchBackend`` and a ``MegatronBackend`` holding the same weights."""
@@ -43,17 +39,6 @@ def pair(seed: int = 0, shared: bool = False, dtype: torch.dtype = torch.float64
     tiny = TinyActorCritic(model_config(shared)).to(dtype)
     mega = MegatronBackend(model_config(shared), optim, dtype=dtype, init_state=tiny.state_dict())
     return TorchBackend(tiny, optim), mega
-
-
-def near_policy_batch(model: TinyActorCritic, seed: int) -> TreeBatch:
-    """Random tree whose rollout log-probs are the model's plus noise (some DIS ratios in, some out)."""
-    batch = random_tree_batch(seed, jmax=4, max_segments=3, vocab_size=VOCAB)
-    with torch.no_grad():
-        lp = tree_forward(model, batch).logprob.float()
-    noise = 0.6 * torch.randn(batch.num_tokens, generator=torch.Generator().manual_seed(seed))
-    batch.rollout_logprob = torch.where(batch.trainable, (lp + noise).clamp(max=0.0), 0.0)
-    batch.validate()
-    return batch
 
 
 def tiny_grads_in_megatron_layout(tiny: TinyActorCritic, cfg: TinyTransformerConfig) -> dict[str, torch.Tensor]:
