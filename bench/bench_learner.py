@@ -12,6 +12,12 @@ with the flattened per-trajectory computation; it reports the dedup ratio (flatt
 
     python bench/bench_learner.py
 
+Part 3 (``--backend megatron``) — the same fork-heavy batch trained by a full ``backend.step``
+(SAO losses, backward, clipping, both AdamWs) on megatron-core and on ``TorchBackend`` with the same
+weights, interleaved; part 1 and part 2 then run on the megatron backend too.
+
+    python bench/bench_learner.py --backend megatron
+
 The last stdout line is a JSON object of the figures.
 """
 
@@ -30,12 +36,13 @@ import torch
 from rich.console import Console
 from rich.progress import track
 
-from sapwood.learner.batch import flatten
+from sapwood.learner.backends import BACKENDS, create_backend
+from sapwood.learner.batch import TreeBatch, flatten
 from sapwood.learner.config import CriticConfig, LearnerConfig
 from sapwood.learner.loop import Learner
-from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend, flat_forward, tree_forward
+from sapwood.learner.model import PolicyBackend, TinyActorCritic, TinyTransformerConfig, flat_forward, tree_forward
 from sapwood.learner.source import SourceConfig, build_batch
-from sapwood.learner.trainer import SAOTrainer
+from sapwood.learner.trainer import SAOTrainer, compute_losses
 from sapwood.platform import runs
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
@@ -45,7 +52,7 @@ console = Console(stderr=True)
 VOCAB = 512
 
 
-def data_wait(store: Store, *, executions: int, steps: int) -> dict[str, Any]:
+def data_wait(store: Store, *, executions: int, steps: int, backend: str = "torch") -> dict[str, Any]:
     cfg = SynthConfig(calls=10, forks=3, fork_depth=2, segments=2, obs_min=20, obs_max=60, out_min=10, out_max=30,
                       system_tokens=60, task_tokens=20, template_tokens=3, summary_tokens=12, vocab_size=VOCAB)
     for i in track(range(executions), description="loading executions", console=console):
@@ -53,8 +60,8 @@ def data_wait(store: Store, *, executions: int, steps: int) -> dict[str, Any]:
     with store.transaction() as conn:
         runs.create_run(conn, "bench-train", runs.ExecutionFilter(run_id="bench"), kind="live")
     torch.manual_seed(0)
-    backend = TorchBackend(TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB)))
-    trainer = SAOTrainer(backend, LearnerConfig(critic=CriticConfig(warmup_steps=2)))
+    lcfg = LearnerConfig(critic=CriticConfig(warmup_steps=2))
+    trainer = SAOTrainer(create_backend(backend, TinyTransformerConfig(vocab_size=VOCAB), lcfg), lcfg)
     learner = Learner(store, "bench-train", trainer, prefetch=True,
                       source_config=SourceConfig(executions_per_batch=2))
     history = []
@@ -95,13 +102,10 @@ def fork_heavy_batch(store: Store, *, prefix: int, ways: int, branch: int) -> An
     return batch
 
 
-def tree_vs_flat(store: Store, *, prefix: int, ways: int, branch: int, repeats: int) -> dict[str, Any]:
-    batch = fork_heavy_batch(store, prefix=prefix, ways=ways, branch=branch)
+def tree_vs_flat(batch: TreeBatch, model: torch.nn.Module, *, repeats: int) -> dict[str, Any]:
     flat = flatten(batch)
     weight = flat.cat_weight()
     index = flat.cat_index()
-    torch.manual_seed(0)
-    model = TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB))
     mask = batch.trainable
 
     def tree_step() -> None:
@@ -136,6 +140,39 @@ def tree_vs_flat(store: Store, *, prefix: int, ways: int, branch: int, repeats: 
     }
 
 
+def backend_vs_torch(batch: TreeBatch, name: str, *, repeats: int) -> dict[str, Any]:
+    """Full ``backend.step`` (SAO losses, backward, clipping, both AdamWs) of ``name`` and ``TorchBackend``,
+    same weights and batch, interleaved."""
+    cfg = LearnerConfig(critic=CriticConfig(warmup_steps=0))
+    model_cfg = TinyTransformerConfig(vocab_size=VOCAB)
+    torch.manual_seed(0)
+    init = TinyActorCritic(model_cfg).state_dict()
+    backends = {"torch": create_backend("torch", model_cfg, cfg, init_state=init),
+                name: create_backend(name, model_cfg, cfg, init_state=init)}
+    targets, _ = SAOTrainer(backends["torch"], cfg).prepare(batch)
+    start = {k: float(b.forward(batch).logprob[batch.trainable].sum()) for k, b in backends.items()}
+
+    def step(backend: PolicyBackend) -> None:
+        backend.step(batch, lambda out: compute_losses(out, targets, cfg), update_actor=True, update_critic=True)
+
+    times: dict[str, list[float]] = {k: [] for k in backends}
+    for b in backends.values():
+        step(b)  # warm-up
+    for _ in range(repeats):
+        for k, b in backends.items():
+            t0 = time.perf_counter()
+            step(b)
+            times[k].append(time.perf_counter() - t0)
+    t_torch, t_other = statistics.median(times["torch"]), statistics.median(times[name])
+    return {
+        "backend": name,
+        "torch_step_s": round(t_torch, 4),
+        f"{name}_step_s": round(t_other, 4),
+        f"{name}_over_torch": round(t_other / t_torch, 3),
+        "start_logprob_sum_abs_diff": abs(start["torch"] - start[name]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", help="store URL (default: a temporary SQLite file)")
@@ -146,20 +183,36 @@ def main() -> None:
     parser.add_argument("--branch", type=int, default=64, help="tokens per branch")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--backend", choices=BACKENDS, default="torch",
+                        help="learner backend; megatron adds its step time against TorchBackend on the same batch")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         url = args.database_url or f"sqlite:///{Path(tmp) / 'bench.db'}"
         store = Store.open(url)
-        figures = {"data": data_wait(store, executions=args.executions, steps=args.steps),
-                   "tree_vs_flat": tree_vs_flat(store, prefix=args.prefix, ways=args.ways, branch=args.branch,
-                                                repeats=args.repeats)}
+        figures: dict[str, Any] = {"data": data_wait(store, executions=args.executions, steps=args.steps,
+                                                     backend=args.backend)}
+        batch = fork_heavy_batch(store, prefix=args.prefix, ways=args.ways, branch=args.branch)
         store.close()
+    torch.manual_seed(0)
+    tiny = TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB))
+    model: torch.nn.Module = tiny
+    if args.backend == "megatron":
+        from sapwood.learner.megatron_backend import MegatronBackend
+
+        model = MegatronBackend(TinyTransformerConfig(vocab_size=VOCAB), init_state=tiny.state_dict()).model
+    figures["tree_vs_flat"] = {"backend": args.backend, **tree_vs_flat(batch, model, repeats=args.repeats)}
+    if args.backend != "torch":
+        figures["backend_vs_torch"] = backend_vs_torch(batch, args.backend, repeats=args.repeats)
     d, f = figures["data"], figures["tree_vs_flat"]
     console.print(f"wait share of a step: {d['wait_share_of_step']:.2%} (target ≤ 5 %); "
                   f"assembly {d['assembly_tokens_per_s']:,} tokens/s; step {d['step_s_median']} s")
     console.print(f"tree vs flattened: speed-up {f['speedup']}× at dedup ratio {f['dedup_ratio']} "
-                  f"→ {f['speedup_over_dedup']} × dedup (target ≥ 0.7)")
+                  f"→ {f['speedup_over_dedup']} × dedup (target ≥ 0.7) [{args.backend}]")
+    if "backend_vs_torch" in figures:
+        b = figures["backend_vs_torch"]
+        console.print(f"{args.backend} step {b[f'{args.backend}_step_s']} s vs TorchBackend {b['torch_step_s']} s "
+                      f"on the same batch: {b[f'{args.backend}_over_torch']}×")
     print(json.dumps(figures))
 
 
