@@ -147,7 +147,9 @@ def test_cli_ablation_prints_both_arms_and_a_verdict(tmp_path: Path) -> None:
 
 def test_demo_with_the_megatron_backend(tmp_path: Path) -> None:
     """The learner on megatron-core: its checkpoints are served by the workers, reward reported at both ends."""
-    pytest.importorskip("megatron.core", reason="the megatron extra is part of CI")
+    from support.megatron_ranks import require_megatron
+
+    require_megatron()
     from sapwood.platform.cli import app
 
     args = ["demo", "--backend", "megatron", "--executions", "24", "--eval-executions", "8", "--pretrain-steps",

@@ -40,9 +40,10 @@ def test_learn_needs_an_existing_run_or_a_source(tmp_path: Path) -> None:
 
 
 def test_learn_with_the_megatron_backend_publishes_tiny_layout_checkpoints_and_resumes(tmp_path: Path) -> None:
-    import pytest
 
-    pytest.importorskip("megatron.core", reason="the megatron extra is part of CI")
+    from support.megatron_ranks import require_megatron
+
+    require_megatron()
     import torch
 
     from sapwood.learner.megatron_parallel import teardown_parallel

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="the megatron extra is part of CI")
-
 from sapwood.learner.advantages import batch_gae
 from sapwood.learner.batch import flatten, random_tree_batch
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig, PolicyLossConfig
@@ -20,8 +18,9 @@ from sapwood.learner.megatron_model import tiny_to_megatron, weight_map
 from sapwood.learner.megatron_parallel import init_parallel, layout, teardown_parallel
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend, flat_forward, tree_forward
 from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
-from support.megatron_ranks import VOCAB, model_config, near_policy_batch
+from support.megatron_ranks import VOCAB, model_config, near_policy_batch, require_megatron
 
+require_megatron()
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # megatron's CPU notes
 
 

@@ -10,14 +10,21 @@ from pathlib import Path
 
 import pytest
 import torch
-
-pytest.importorskip("megatron.core", reason="the megatron extra is part of CI")
 import torch.multiprocessing as mp
 
 from sapwood.learner.megatron_parallel import ParallelLayout, free_port, init_parallel, teardown_parallel
 from sapwood.learner.shard import select_executions, shard_by_execution
-from support.megatron_ranks import EXECUTIONS, STEPS, near_policy_batch, rank_main, run_steps, tiny_model
+from support.megatron_ranks import (
+    EXECUTIONS,
+    STEPS,
+    near_policy_batch,
+    rank_main,
+    require_megatron,
+    run_steps,
+    tiny_model,
+)
 
+require_megatron()
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 SEED = 3
 

@@ -5,6 +5,7 @@ Spawned ranks import this module by name (``support`` is on ``sys.path``, which 
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -15,6 +16,17 @@ from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, tree_forward
 
 VOCAB = 32
+
+
+def require_megatron() -> None:
+    """Skip without megatron-core, except under CI (``CI`` set), where the ``megatron`` extra is installed
+    and its absence must fail the run."""
+    import pytest
+
+    if os.environ.get("CI"):
+        import megatron.core  # noqa: F401 - an ImportError here fails the test, as it should in CI
+    else:
+        pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
 
 
 def model_config(shared: bool = False) -> TinyTransformerConfig:
