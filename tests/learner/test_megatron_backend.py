@@ -214,3 +214,22 @@ def test_loss_denominator_counts_tokens_and_segments() -> None:
     segments = loss_denominator(batch, "segment_mean")
     assert 1 <= segments < float(batch.trainable.sum())
     assert segments == len({int(s) for s, t in zip(batch.segment_start(), batch.trainable, strict=True) if t})
+
+
+def test_the_package_imports_without_megatron_and_says_what_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['megatron'] = None\n"  # makes `import megatron...` raise ImportError
+        "import sapwood.learner, sapwood.learner.backends, sapwood.learner.megatron_backend as mb\n"
+        "from sapwood.learner.errors import ConfigError\n"
+        "from sapwood.learner.model import TinyTransformerConfig\n"
+        "try:\n"
+        "    mb.MegatronBackend(TinyTransformerConfig(vocab_size=8, d_model=8, n_heads=2, d_ff=8))\n"
+        "except ConfigError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused: the megatron backend needs megatron-core" in out.stdout

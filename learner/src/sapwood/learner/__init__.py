@@ -8,6 +8,8 @@ Public surface (re-exported here):
   special cases ``token_gae``, ``skip_observation_gae``, ``cross_trajectory_gae``;
 * ``losses``: ``dis_policy_loss``, ``ppo_clip_policy_loss``, ``value_loss``, ``aggregate``;
 * ``model``: ``PolicyBackend`` (the backend interface), ``TorchBackend``, ``TinyActorCritic``;
+* ``backends``: ``create_backend(name, ...)`` for ``"torch"`` or ``"megatron"``
+  (``megatron_backend.MegatronBackend`` on megatron-core ``GPTModel``; the ``megatron`` extra, imported lazily);
 * ``trainer``: ``SAOTrainer`` (warm-up, catch-up, joint DIS + value step);
 * ``config``: ``LearnerConfig`` and its parts; ``errors``: the exception tree.
 

@@ -137,14 +137,16 @@ class MegatronActorCritic(nn.Module):
         self.cfg = cfg
         self.tensor_parallel = int(ps.get_tensor_model_parallel_world_size())
         self.tp_group = ps.get_tensor_model_parallel_group()
-        tcfg = transformer_config(cfg, dtype=dtype, tensor_parallel=self.tensor_parallel)
-        spec = tree_layer_spec()
-        common: dict[str, Any] = {"config": tcfg, "transformer_layer_spec": spec, "vocab_size": cfg.vocab_size,
-                                  "max_sequence_length": cfg.max_position,
-                                  "position_embedding_type": "learned_absolute",
-                                  "share_embeddings_and_output_weights": False}
-        self.actor = GPTModel(**common, parallel_output=True)
-        self.critic = None if cfg.shared_trunk else GPTModel(**common, post_process=False)
+        with warnings.catch_warnings():  # megatron's deprecation notes on options this model does not use
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tcfg = transformer_config(cfg, dtype=dtype, tensor_parallel=self.tensor_parallel)
+            common: dict[str, Any] = {"config": tcfg, "transformer_layer_spec": tree_layer_spec(),
+                                      "vocab_size": cfg.vocab_size, "max_sequence_length": cfg.max_position,
+                                      "position_embedding_type": "learned_absolute",
+                                      "share_embeddings_and_output_weights": False}
+            self.actor = GPTModel(**common, parallel_output=True)
+            self.critic = None if cfg.shared_trunk else GPTModel(**common, post_process=False)
         self.critic_norm = None if cfg.shared_trunk else nn.LayerNorm(cfg.d_model)
         self.value_head = nn.Linear(cfg.d_model, 1)
         self.to(dtype)  # megatron keeps LayerNorms and position embeddings in float32 otherwise

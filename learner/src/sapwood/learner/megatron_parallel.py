@@ -46,7 +46,7 @@ def megatron_parallel_state() -> Any:
         with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" on every CPU import
             warnings.simplefilter("ignore", UserWarning)
             from megatron.core import parallel_state
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    except ImportError as exc:
         raise ConfigError("the megatron backend needs megatron-core: pip install 'sapwood[megatron]'") from exc
     return parallel_state
 

@@ -3,8 +3,8 @@
 ``PolicyBackend`` is what a trainer needs from a model implementation: forward
 log-probs/values on a ``TreeBatch``, one optimizer step driven by a loss
 function, a policy version, and state save/load. ``TorchBackend`` implements it
-for ``TinyActorCritic`` on CPU (or one GPU); a Megatron-core backend can
-implement the same interface later (``step`` takes the loss as a callback, the
+for ``TinyActorCritic`` on CPU (or one GPU); ``megatron_backend.MegatronBackend``
+implements it on megatron-core (``step`` takes the loss as a callback, the
 shape of Megatron's ``forward_backward_func``).
 
 Tree packing: the model runs once over the batch's unique tokens with the tree
