@@ -19,6 +19,7 @@ from support.megatron_ranks import (
     STEPS,
     near_policy_batch,
     rank_main,
+    reference_gradients,
     require_megatron,
     run_steps,
     tiny_model,
@@ -29,8 +30,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::U
 SEED = 3
 
 
+Run = dict[str, object]
+
+
 @pytest.fixture(scope="module")
-def single() -> Iterator[dict[str, tuple[dict[str, torch.Tensor], list[dict[str, float]]]]]:
+def single() -> Iterator[dict[str, Run]]:
     """The one-rank reference runs, per loss aggregation."""
     init_parallel(1)
     try:
@@ -39,20 +43,33 @@ def single() -> Iterator[dict[str, tuple[dict[str, torch.Tensor], list[dict[str,
         teardown_parallel()
 
 
-def spawn(mode: str, aggregation: str, tmp_path: Path) -> dict[str, object]:
+def spawn(mode: str, aggregation: str, tmp_path: Path) -> Run:
     out = tmp_path / f"{mode}-{aggregation}.pt"
     mp.spawn(rank_main, args=(2, free_port(), mode, aggregation, SEED, str(out)), nprocs=2, join=True)
-    result: dict[str, object] = torch.load(out, weights_only=False)
+    result: Run = torch.load(out, weights_only=False)
     return result
 
 
-def assert_same_run(got: dict[str, object], want: tuple[dict[str, torch.Tensor], list[dict[str, float]]]) -> None:
+def assert_same_run(got: Run, want: Run, aggregation: str) -> None:
+    # 1. Same targets: the global loss and every gradient equal the tiny torch model's on the whole batch.
+    ref_grads, ref_loss = reference_gradients(SEED, aggregation)
+    grads = got["grads"]
+    assert isinstance(grads, dict) and grads.keys() == ref_grads.keys()
+    assert got["grad_loss"] == pytest.approx(ref_loss, rel=1e-12)
+    for k, g in ref_grads.items():
+        assert torch.allclose(grads[k], g, atol=1e-11), k
+    assert sum(float(g.abs().sum()) for g in ref_grads.values()) > 0
+    # 2. Whole SAO steps, each rank computing its own targets: the same losses and final weights.
     state, history = got["state"], got["history"]
+    ref_state, ref_history = want["state"], want["history"]
     assert isinstance(state, dict) and isinstance(history, list)
-    ref_state, ref_history = want
+    assert isinstance(ref_state, dict) and isinstance(ref_history, list)
     assert len(history) == len(ref_history) == STEPS
     for a, b in zip(history, ref_history, strict=True):
-        for k in ("train/loss", "critic/value_loss", "train/catchup_steps", "train/policy_version"):
+        keys = ("train/loss", "critic/value_loss", "train/catchup_steps", "train/policy_version",
+                "critic/grad_norm", "actor/grad_norm")
+        assert all(k in a for k in keys if k in b)
+        for k in (k for k in keys if k in b):
             assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k  # GAE runs in float32
     # The targets pass through float32 (GAE), where last-bit differences of the values can round
     # differently, and AdamW amplifies that on near-zero gradients: ~1e-8 after a step. A missing
@@ -66,21 +83,21 @@ def assert_same_run(got: dict[str, object], want: tuple[dict[str, torch.Tensor],
 
 @pytest.mark.parametrize("aggregation", ["token", "segment_mean"])
 def test_data_parallel_two_ranks_equal_one_rank_on_the_whole_batch(
-    aggregation: str, tmp_path: Path, single: dict[str, tuple[dict[str, torch.Tensor], list[dict[str, float]]]]
+    aggregation: str, tmp_path: Path, single: dict[str, Run]
 ) -> None:
     got = spawn("dp", aggregation, tmp_path)
     where = got["layout"]
     assert isinstance(where, ParallelLayout) and where.data_parallel == 2 and where.tensor_parallel == 1
-    assert_same_run(got, single[aggregation])
+    assert_same_run(got, single[aggregation], aggregation)
 
 
 def test_tensor_parallel_two_ranks_equal_one_rank(
-    tmp_path: Path, single: dict[str, tuple[dict[str, torch.Tensor], list[dict[str, float]]]]
+    tmp_path: Path, single: dict[str, Run]
 ) -> None:
     got = spawn("tp", "token", tmp_path)
     where = got["layout"]
     assert isinstance(where, ParallelLayout) and where.tensor_parallel == 2 and where.data_parallel == 1
-    assert_same_run(got, single["token"])
+    assert_same_run(got, single["token"], "token")
 
 
 def test_shards_partition_the_batch_by_execution() -> None:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import torch
 
+from sapwood.learner.advantages import batch_gae
 from sapwood.learner.batch import TreeBatch, random_tree_batch
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, tree_forward
+from sapwood.learner.trainer import LossTargets, compute_losses
 
 VOCAB = 32
 
@@ -64,13 +66,30 @@ STEPS = 3
 EXECUTIONS = 4
 
 
-def run_steps(rank: int, world: int, mode: str, aggregation: str, seed: int) -> tuple[dict[str, torch.Tensor],
-                                                                                      list[dict[str, float]]]:
-    """``STEPS`` SAO steps of a float64 ``MegatronBackend`` on this rank's part of the batches.
+def first_batch(tiny: TinyActorCritic, cfg: LearnerConfig, seed: int) -> tuple[TreeBatch, LossTargets]:
+    """The first training batch and its loss targets from the tiny model (bitwise the same on every rank)."""
+    batch = near_policy_batch(tiny, seed * 100, num_executions=EXECUTIONS)
+    with torch.no_grad():
+        old = tree_forward(tiny, batch)
+    return batch, LossTargets.build(batch, batch_gae(batch, old.values, cfg.advantage), old, cfg.policy)
+
+
+def reference_gradients(seed: int, aggregation: str) -> tuple[dict[str, torch.Tensor], float]:
+    """Gradients and loss of the tiny torch model on the whole first batch."""
+    tiny = tiny_model(seed)
+    cfg = parallel_config(aggregation)
+    batch, targets = first_batch(tiny, cfg, seed)
+    loss, _ = compute_losses(tree_forward(tiny, batch), targets, cfg)
+    loss.backward()
+    return {k: p.grad if p.grad is not None else torch.zeros_like(p) for k, p in tiny.named_parameters()}, float(loss)
+
+
+def run_steps(rank: int, world: int, mode: str, aggregation: str, seed: int) -> dict[str, object]:
+    """Gradients on the first batch, then ``STEPS`` SAO steps of a float64 ``MegatronBackend``.
 
     ``mode``: ``"dp"`` (rank r trains executions r, r + world, ...), ``"tp"`` (every rank the whole
-    batch, the model sharded) or ``"single"`` (one rank, whole batch). Returns the full weights in
-    ``TinyActorCritic`` layout and the metrics of every step.
+    batch, the model sharded) or ``"single"`` (one rank, whole batch). Returns the full first-batch
+    gradients and loss, the final weights in ``TinyActorCritic`` layout and the metrics of every step.
     """
     from sapwood.learner.megatron_backend import MegatronBackend
     from sapwood.learner.shard import shard_by_execution
@@ -80,6 +99,14 @@ def run_steps(rank: int, world: int, mode: str, aggregation: str, seed: int) -> 
     cfg = parallel_config(aggregation)
     backend = MegatronBackend.from_config(model_config(), cfg, dtype=torch.float64, init_state=tiny.state_dict(),
                                           tensor_parallel=2 if mode == "tp" else 1)
+    batch, targets = first_batch(tiny, cfg, seed)
+    local = batch
+    if mode == "dp":
+        local = shard_by_execution(batch, rank, world)
+        index = torch.isin(batch.execution, torch.arange(rank, batch.num_executions, world)).nonzero().squeeze(1)
+        targets = targets.select(index, torch.ones(index.numel(), dtype=torch.float64))
+    grads, metrics = backend.gradients(local, lambda out: compute_losses(out, targets, cfg))
+
     trainer = SAOTrainer(backend, cfg)
     history = []
     for step in range(STEPS):
@@ -87,7 +114,8 @@ def run_steps(rank: int, world: int, mode: str, aggregation: str, seed: int) -> 
         local = shard_by_execution(batch, rank, world) if mode == "dp" else batch
         assert bool(local.trainable.any()), "every data-parallel rank needs trainable tokens"
         history.append(trainer.train_step(local))
-    return backend.tiny_state_dict(), history
+    return {"grads": grads, "grad_loss": metrics["train/loss"], "state": backend.tiny_state_dict(),
+            "history": history}
 
 
 def rank_main(rank: int, world: int, port: int, mode: str, aggregation: str, seed: int, out: str) -> None:
@@ -100,10 +128,10 @@ def rank_main(rank: int, world: int, port: int, mode: str, aggregation: str, see
     try:
         from sapwood.learner.megatron_parallel import layout, teardown_parallel
 
-        state, history = run_steps(rank, world, mode, aggregation, seed)
+        result = run_steps(rank, world, mode, aggregation, seed)
         where = layout()
         if rank == 0:
-            torch.save({"state": state, "history": history, "layout": where}, Path(out))
+            torch.save({**result, "layout": where}, Path(out))
         teardown_parallel()
     finally:
         dist.destroy_process_group()

@@ -128,6 +128,33 @@ class MegatronBackend(PolicyBackend):
             return tree_forward(self.model, batch)
 
     def step(self, batch: TreeBatch, loss_fn: LossFn, *, update_actor: bool, update_critic: bool) -> dict[str, float]:
+        metrics = self._backward(batch, loss_fn)
+        if update_critic:
+            metrics["critic/grad_norm"] = self._clip(self._critic_params, self.critic_grad_clip)
+            self.critic_opt.step()
+        if update_actor:
+            metrics["actor/grad_norm"] = self._clip(self._actor_params, self.optim_config.actor_grad_clip)
+            self.actor_opt.step()
+            self._version += 1
+        self.actor_opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
+        return metrics
+
+    def gradients(self, batch: TreeBatch, loss_fn: LossFn) -> tuple[dict[str, Tensor], dict[str, float]]:
+        """Gradients of the global loss without a step: forward, backward, data-parallel reduction.
+
+        Returns:
+            ``(grads, metrics)``: the full gradients in ``TinyActorCritic`` layout (gathered over the
+            tensor-parallel ranks, summed over the data-parallel ones), and ``step``'s loss metrics.
+        """
+        metrics = self._backward(batch, loss_fn)
+        grads = megatron_to_tiny(self.model, grads=True)
+        self.actor_opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
+        return grads, metrics
+
+    def _backward(self, batch: TreeBatch, loss_fn: LossFn) -> dict[str, float]:
+        """Fresh gradients of the global loss on every rank; returns the (data-parallel reduced) metrics."""
         self.model.train()
         self.actor_opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
@@ -138,15 +165,6 @@ class MegatronBackend(PolicyBackend):
         metrics = self._dp_metrics({**metrics, "train/loss": float(loss.detach())}, share)
         if self.layout.data_parallel > 1:
             self._reduce_grads([*self._actor_params, *self._critic_params])
-        if update_critic:
-            metrics["critic/grad_norm"] = self._clip(self._critic_params, self.critic_grad_clip)
-            self.critic_opt.step()
-        if update_actor:
-            metrics["actor/grad_norm"] = self._clip(self._actor_params, self.optim_config.actor_grad_clip)
-            self.actor_opt.step()
-            self._version += 1
-        self.actor_opt.zero_grad(set_to_none=True)
-        self.critic_opt.zero_grad(set_to_none=True)
         return metrics
 
     def state_dict(self) -> dict[str, Any]:

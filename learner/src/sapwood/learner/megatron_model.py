@@ -9,10 +9,10 @@ LayerNorm (or none with ``shared_trunk``), and a value head. The layer spec's co
 tree mask and depth positions of a ``TreeBatch`` go straight through megatron's layers and a
 shared prefix is computed once.
 
-Tensor parallel: the output layer stays vocab-parallel and the logits are gathered with
-``torch.distributed.nn.functional.all_gather`` (differentiable, any backend); megatron's own
-gather (``gather_output=True``) allocates its buffer with ``torch.cuda.current_device()`` and fails
-on a CPU-only machine.
+Tensor parallel: the output layer stays vocab-parallel and the logits are gathered by
+``_GatherLastDim`` (all-gather forward, own-slice backward, any backend); megatron's own gather
+(``gather_output=True``) does the same but allocates its buffer with ``torch.cuda.current_device()``
+and fails on a CPU-only machine.
 
 Weight mapping (``tiny_to_megatron`` / ``megatron_to_tiny``): the tiny model's QKV rows are
 ordered (q|k|v, head, dim), megatron's (head, q|k|v, dim); column-parallel weights (QKV, fc1,
@@ -127,6 +127,29 @@ def transformer_config(cfg: TinyTransformerConfig, *, dtype: torch.dtype, tensor
     )
 
 
+class _GatherLastDim(torch.autograd.Function):
+    """All-gather along the last dim over a tensor-parallel group; backward keeps this rank's slice.
+
+    Every rank then computes the same loss from the gathered tensor, so the gradient of its slice
+    is already complete: no sum over ranks (``torch.distributed.nn.functional.all_gather`` sums,
+    which would multiply the actor's gradients by the group size). Megatron's own gather does the
+    same but allocates on ``torch.cuda.current_device()``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
+        ctx.group = group
+        ctx.rank = dist.get_rank(group)
+        ctx.width = x.shape[-1]
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad[..., ctx.rank * ctx.width : (ctx.rank + 1) * ctx.width].contiguous(), None
+
+
 class MegatronActorCritic(nn.Module):
     """``TinyActorCritic``'s interface on megatron-core ``GPTModel`` trunks (see the module docstring)."""
 
@@ -170,9 +193,7 @@ class MegatronActorCritic(nn.Module):
                                attention_mask=blocked)  # [T, 1, D], final LayerNorm applied
         logits, _ = self.actor.output_layer(h)  # [T, 1, V / tp]
         if self.tensor_parallel > 1:
-            import torch.distributed.nn.functional as dist_fn
-
-            logits = torch.cat(dist_fn.all_gather(logits.contiguous(), group=self.tp_group), dim=-1)
+            logits = _GatherLastDim.apply(logits, self.tp_group)
         if self.critic is None:
             hv = h
         else:
@@ -261,13 +282,17 @@ def tiny_to_megatron(state: dict[str, Tensor], cfg: TinyTransformerConfig, *, te
     return out
 
 
-def megatron_to_tiny(model: MegatronActorCritic) -> dict[str, Tensor]:
-    """The full ``TinyActorCritic`` state dict of ``model`` (shards gathered over the tensor-parallel ranks)."""
+def megatron_to_tiny(model: MegatronActorCritic, *, grads: bool = False) -> dict[str, Tensor]:
+    """The full ``TinyActorCritic`` state dict of ``model`` (shards gathered over the tensor-parallel ranks).
+
+    ``grads=True``: the parameters' gradients instead (zeros where none), mapped the same way.
+    """
     cfg, tp = model.cfg, model.tensor_parallel
     params = dict(model.named_parameters())
     out: dict[str, Tensor] = {}
     for tiny_key, mega_key, split in weight_map(cfg):
-        x = params[mega_key].detach()
+        p = params[mega_key]
+        x = (p.grad if p.grad is not None else torch.zeros_like(p)) if grads else p.detach()
         if split != "rep" and tp > 1:
             parts = [torch.empty_like(x) for _ in range(tp)]
             dist.all_gather(parts, x.contiguous(), group=model.tp_group)
