@@ -83,3 +83,23 @@ def test_tail_ratio_sets_p99_over_p50() -> None:
     w = Workload(steps=400, batch_size=250, tail_ratio=6.0)
     d = w.durations(0)
     assert np.percentile(d, 99) / np.median(d) == pytest.approx(6.0, rel=0.05)
+
+
+def test_simulate_command_prints_json_and_writes_plots(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from sapwood.platform.cli import app
+
+    result = CliRunner().invoke(app, ["scheduler", "simulate", "--preset", "small", "--steps", "3",
+                                      "--plots", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r["policy"] for r in out["results"]] == ["elastic", "colocate", "async"]
+    by = {r["policy"]: r["wall_h"] for r in out["results"]}
+    assert out["elastic_vs_colocate"] == pytest.approx(by["colocate"] / by["elastic"], rel=1e-3)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "idle_fractions.png", "roles_async.png", "roles_colocate.png", "roles_elastic.png"]
+    bad = CliRunner().invoke(app, ["scheduler", "simulate", "--preset", "nope"])
+    assert bad.exit_code != 0 and "unknown workload preset" in bad.output
