@@ -36,6 +36,7 @@ from rich.progress import Progress
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
+from bench_api import admin_kwargs  # the same admin connection settings as the API benchmark
 from sapwood.platform import runs
 from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
 from sapwood.platform.store import Store
@@ -124,15 +125,6 @@ def sweeps(steps: int, out: Path) -> dict[str, Any]:
     zero_var = simulate(w.with_(tail_ratio=1.0), "elastic")
     return {"steps": steps, "tail_ratio": tail, "switch_cost_s": switch, "train_over_rollout": ratio,
             "zero_variance_elastic_vs_best_static": round(static.wall_s / zero_var.wall_s, 4)}
-
-
-def admin_kwargs(url: str) -> dict[str, Any]:
-    u = make_url(url)
-    kw: dict[str, Any] = {"host": u.host or "127.0.0.1", "port": u.port or 5432, "user": u.username or "postgres",
-                          "dbname": u.database or "postgres", "autocommit": True}
-    if u.password:
-        kw["password"] = u.password
-    return kw
 
 
 def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int) -> dict[str, Any]:
