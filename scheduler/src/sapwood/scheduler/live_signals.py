@@ -81,18 +81,17 @@ def backlog(conn: Connection, now: float) -> tuple[tuple[RunBacklog, ...], int]:
                         sa.and_(_ri.state == "claimed", _ri.lease_until < now))
         join = t.executions.outerjoin(t.run_items, sa.and_(_ri.run_id == run["run_id"],
                                                            _ri.execution_id == _e.execution_id))
+        publish = (run["config"] or {}).get("publish_run_id", run["run_id"])
+        latest_q = (sa.select(sa.func.max(t.policy_versions.c.version))
+                    .where(t.policy_versions.c.run_id == publish).scalar_subquery())
         q = (sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_e.n_output_tokens), 0),
-                       sa.func.min(_e.max_policy_version))
+                       sa.func.min(_e.max_policy_version), latest_q)
              .select_from(join)
              .where(flt.where(), _e.status.in_(FINISHED), unheld))
-        n, tokens, oldest = conn.execute(q).one()
+        n, tokens, oldest, latest = conn.execute(q).one()
         out.append(RunBacklog(run["run_id"], int(n), int(tokens)))
-        if oldest is not None:
-            publish = (run["config"] or {}).get("publish_run_id", run["run_id"])
-            latest = conn.execute(sa.select(sa.func.max(t.policy_versions.c.version))
-                                  .where(t.policy_versions.c.run_id == publish)).scalar()
-            if latest is not None:
-                stale = max(stale, int(latest) - int(oldest))
+        if oldest is not None and latest is not None:
+            stale = max(stale, int(latest) - int(oldest))
     return tuple(out), stale
 
 
