@@ -57,12 +57,14 @@ def test_scalar_fields_are_the_non_envelope_non_array_fields_in_order() -> None:
     """Every kind (a segment boundary has a single scalar field: the one-name getter path)."""
     import dataclasses
 
-    from sapwood.platform.events import EVENT_TYPES
+    from sapwood.platform.events import EVENT_TYPES, CellHeartbeat, CellRegistered, RoleAssigned, SwitchPhase
     from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 
     envelope = {"event_id", "execution_id", "seq", "schema_version", "created_at"}
     seen = set()
-    others = [PolicyPublished(run_id="r", version=1, checkpoint="c"), PartialScore(score=0.5, components={"a": 1.0})]
+    others = [PolicyPublished(run_id="r", version=1, checkpoint="c"), PartialScore(score=0.5, components={"a": 1.0}),
+              CellRegistered(cell_id="c"), CellHeartbeat(cell_id="c"), RoleAssigned(cell_id="c", role="train"),
+              SwitchPhase(cell_id="c", phase="load", duration_s=1.0)]
     for ev in [*synthetic_execution(SynthConfig(seed=3, calls=12)).events, *others]:
         arrays = {n for n, _ in ev.arrays}
         names = [f.name for f in dataclasses.fields(ev) if f.name not in envelope | arrays]

@@ -11,6 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.events import ModelCall
+from sapwood.platform.projection import projection_hash
 from sapwood.platform.span_encoding import ENC_RAW
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
@@ -18,7 +19,9 @@ from support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 
-HEAD = "0006"
+HEAD = "0007"
+#: the projections revision 0001 already has (0007 added the cells, decisions and switch phases)
+OLD_PROJECTIONS = [tb for tb in t.PROJECTION_TABLES if tb.name not in {"cells", "scheduler_decisions", "switch_phases"}]
 
 
 def _tables(store: Store) -> set[str]:
@@ -32,12 +35,16 @@ def test_upgrade_downgrade_upgrade_keeps_data(pg_url: str) -> None:
     with store.transaction() as conn:
         runs.create_run(conn, "replay-1", runs.ExecutionFilter(status=["success"]))
     live = store.projection_hash()
+    with store.transaction() as conn:
+        live_0001 = projection_hash(conn, OLD_PROJECTIONS)
     assert store.current_revision() == HEAD
 
     store.downgrade("0001")
     assert store.current_revision() == "0001"
     assert "runs" not in _tables(store) and "events" in _tables(store)
-    assert store.projection_hash() == live, "the event store and projections survive the downgrade"
+    assert "cells" not in _tables(store)
+    with store.transaction() as conn:
+        assert projection_hash(conn, OLD_PROJECTIONS) == live_0001, "the events and projections survive the downgrade"
 
     store.migrate()
     assert store.current_revision() == HEAD

@@ -16,7 +16,7 @@ from sapwood.api.deps import Services
 from sapwood.api.errors import install_error_handlers
 from sapwood.api.middleware import BodySizeLimitMiddleware
 from sapwood.api.queries.stats import LagReader
-from sapwood.api.routes import calls, executions, export, health, keys, nodes, runs, stats
+from sapwood.api.routes import calls, executions, export, health, keys, nodes, runs, scheduler, stats
 from sapwood.api.tokenizer import load_tokenizer
 from sapwood.api.versions import VersionReader
 from sapwood.platform.store import Store
@@ -71,6 +71,6 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
         app.add_middleware(CORSMiddleware, allow_origins=settings.api_cors_origins, allow_methods=["GET", "POST",
                            "DELETE"], allow_headers=["Authorization", "X-API-Key", "Content-Type"],
                            expose_headers=["ETag", "X-Sapwood-Verified"])
-    for module in (health, stats, runs, executions, nodes, calls, export, keys):
+    for module in (health, stats, runs, executions, nodes, calls, export, keys, scheduler):
         app.include_router(module.router)
     return app

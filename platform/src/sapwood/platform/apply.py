@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection
 from sapwood.platform import schema as t
 from sapwood.platform.array_stats import ArrayStats, batch_stats
 from sapwood.platform.bulkcopy import COPY_MIN_ROWS, Payload, send_overlapped, spans_payload, text_payload
+from sapwood.platform.cells_apply import CELL_HANDLERS, write_cells
 from sapwood.platform.errors import (
     ConflictError,
     DigestMismatchError,
@@ -658,6 +659,7 @@ _HANDLERS: dict[type[Event], Any] = {
     ExecutionFinished: _h_finished,
     PartialScore: _h_score,
     PolicyPublished: _h_policy,
+    **CELL_HANDLERS,
 }
 
 
@@ -798,6 +800,7 @@ def _write(conn: Connection, plan: _Plan, timings: dict[str, float]) -> None:
     for table, rows in small:
         conn.execute(table.insert(), rows)
     _bulk_update_nodes(conn, plan.node_updates)
+    write_cells(conn, plan)
     touched = [plan.execs[x] for x in plan.execs if x not in plan.new_execs]
     if touched:
         cols = [c.name for c in t.executions.columns if c.name != "execution_id"]

@@ -159,6 +159,6 @@ def _read_header(payload: bytes | memoryview) -> tuple[dict[str, Any], int]:
 
 
 def peek_key(event: Event) -> bytes:
-    """Partition key: the execution id (run id for run-scoped events)."""
-    key = event.execution_id or getattr(event, "run_id", "") or event.event_id
+    """Partition key: the execution id (run id for run-scoped events, cell id for cell events)."""
+    key = event.execution_id or getattr(event, "run_id", "") or getattr(event, "cell_id", "") or event.event_id
     return key.encode()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,10 +32,12 @@ def _canon(value: Any) -> str:
     return str(value)
 
 
-def projection_hash(conn: Connection) -> str:
-    """SHA-256 over every projection row in primary-key order: equal hashes ⇔ equal projections."""
+def projection_hash(conn: Connection, tables: Sequence[sa.Table] = t.PROJECTION_TABLES) -> str:
+    """SHA-256 over every projection row in primary-key order: equal hashes ⇔ equal projections.
+
+    ``tables`` narrows it to some projections (e.g. those an older schema revision has)."""
     h = hashlib.sha256()
-    for table in t.PROJECTION_TABLES:
+    for table in tables:
         h.update(f"#{table.name}\n".encode())
         order = list(table.primary_key.columns)
         for row in conn.execute(sa.select(table).order_by(*order)):

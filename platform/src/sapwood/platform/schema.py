@@ -239,5 +239,50 @@ api_keys = Table(
     Column("revoked", Boolean, nullable=False),
 )
 
+cells = Table(
+    "cells",
+    metadata,
+    Column("cell_id", String(128), primary_key=True),
+    Column("tier", String(16), nullable=False, comment="core (holds parameters) or satellite"),
+    Column("capacity", Integer, nullable=False, comment="concurrent rollouts in the rollout role"),
+    Column("role", String(16), nullable=False, comment="rollout / train / idle (the last role assigned)"),
+    Column("role_since", Float, nullable=False),
+    Column("registered_at", Float, nullable=False),
+    Column("last_heartbeat_at", Float, nullable=False),
+    Column("heartbeats", BigInteger, nullable=False),
+    Column("role_changes", Integer, nullable=False),
+    Column("switch_s", Float, nullable=False, comment="sum of switch phase durations"),
+    Column("last_phase", String(64), nullable=True),
+    Column("metadata", Json, nullable=False),
+)
+
+scheduler_decisions = Table(
+    "scheduler_decisions",
+    metadata,
+    Column("event_id", Id, primary_key=True),
+    Column("cell_id", String(128), nullable=False, index=True),
+    Column("role", String(16), nullable=False),
+    Column("previous_role", String(16), nullable=False),
+    Column("reason", String, nullable=False),
+    Column("policy", String(256), nullable=False),
+    Column("signals", Json, nullable=False, comment="the signal snapshot the decision was made on"),
+    Column("decided_at", Float, nullable=False),
+    Index("ix_scheduler_decisions_time", "decided_at", "event_id"),
+)
+
+switch_phases = Table(
+    "switch_phases",
+    metadata,
+    Column("event_id", Id, primary_key=True),
+    Column("cell_id", String(128), nullable=False, index=True),
+    Column("role", String(16), nullable=False),
+    Column("phase", String(64), nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+
 #: Tables derived from events; dropped and rebuilt by ``rebuild_projections``.
-PROJECTION_TABLES = (executions, nodes, calls, segments, scores, policy_versions)
+PROJECTION_TABLES = (
+    executions, nodes, calls, segments, scores, policy_versions, cells, scheduler_decisions, switch_phases,
+)

@@ -1,0 +1,74 @@
+"""``sapwood scheduler ...``: simulate the cluster under a policy, or run the live scheduling loop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+scheduler_app = typer.Typer(help="Elastic scheduler: cluster simulator and live loop.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+@scheduler_app.command("simulate")
+def simulate_cmd(
+    preset: Annotated[str, typer.Option(help="workload preset: paper or small")] = "paper",
+    policies: Annotated[str, typer.Option(help="comma-separated policies (built-in names or import paths)")] = (
+        "elastic,colocate,async"
+    ),
+    seed: int = 0,
+    steps: Annotated[int | None, typer.Option(help="override the preset's training steps")] = None,
+    tail_ratio: Annotated[float | None, typer.Option(help="override p99/p50 of rollout durations")] = None,
+    switch_cost_s: Annotated[float | None, typer.Option(help="override the role-switch duration")] = None,
+    plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
+) -> None:
+    """Simulate the workload under each policy; print a table and one JSON line (speed-ups over elastic)."""
+    try:
+        from sapwood.scheduler.simulator import preset as get_preset
+        from sapwood.scheduler.simulator import simulate
+        from sapwood.scheduler.simulator.plots import plot_idle, plot_roles
+    except ModuleNotFoundError as exc:
+        if exc.name != "simpy":
+            raise
+        raise typer.BadParameter("the simulator needs SimPy: pip install 'sapwood[scheduler]'") from None
+
+    try:
+        w = get_preset(preset)
+        overrides = {"steps": steps, "tail_ratio": tail_ratio, "switch_cost_s": switch_cost_s}
+        w = w.with_(**{k: v for k, v in overrides.items() if v is not None})
+        results = [simulate(w, name.strip(), seed) for name in policies.split(",") if name.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    table = Table(title=f"preset {preset}: {w.cells} cells, batch {w.batch_size}, {w.steps} steps, seed {seed}")
+    for col in ("policy", "wall h", "idle rollout", "idle train", "switches", "switch cell-h", "staleness mean/max"):
+        table.add_column(col, justify="right")
+    for r in results:
+        s = r.summary()
+        table.add_row(
+            r.policy, f"{s['wall_h']:.2f}", f"{s['idle_rollout']:.3f}", f"{s['idle_train']:.3f}",
+            str(s["switches"]), f"{s['switch_cell_h']:.2f}", f"{s['staleness_mean']:.2f}/{s['staleness_max']}",
+        )
+    console.print(table)
+    out: dict[str, object] = {"preset": preset, "workload": w.to_json(), "results": [r.summary() for r in results]}
+    by_name = {r.policy: r for r in results}
+    if "elastic" in by_name:
+        for other in ("colocate", "async"):
+            if other in by_name:
+                out[f"elastic_vs_{other}"] = round(by_name[other].wall_s / by_name["elastic"].wall_s, 4)
+    if plots is not None:
+        plots.mkdir(parents=True, exist_ok=True)
+        files = [str(plot_roles(r, plots / f"roles_{r.policy}.png")) for r in results]
+        files.append(str(plot_idle(results, plots / "idle_fractions.png")))
+        out["plots"] = files
+    print(json.dumps(out))
+
+
+def register(app: typer.Typer) -> None:
+    from sapwood.scheduler import live_cli
+
+    live_cli.register(scheduler_app)
+    app.add_typer(scheduler_app, name="scheduler")

@@ -1,0 +1,27 @@
+"""Colocate baseline: every cell generates a batch, then every cell trains on it (synchronous, on-policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sapwood.scheduler.policies.common import all_to
+from sapwood.scheduler.policy import Assignment, Decision
+from sapwood.scheduler.signals import Role, Signals
+
+
+class ColocatePolicy:
+    """All cells train while a step is active or a full batch waits; otherwise all cells generate.
+
+    Use with staleness bound 0 (the simulator admits exactly one batch per policy version).
+    """
+
+    name = "colocate"
+    max_staleness = 0
+
+    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, Role]:
+        return dict.fromkeys(cell_ids, "rollout")
+
+    def decide(self, signals: Signals, assignment: Assignment) -> Decision:
+        if signals.train_active or signals.backlog_executions >= signals.batch_size:
+            return all_to("train", signals, assignment, f"colocate: batch of {signals.batch_size} ready, all train")
+        return all_to("rollout", signals, assignment, "colocate: no batch to train, all generate")

@@ -1,0 +1,208 @@
+"""The default elastic policy: balance rollout production against learner consumption.
+
+Each tick it sizes the rollout pool to the rollout demand (running + paused + admitted rollouts) and
+gives every other cell to training. A move happens only when all of these hold:
+
+* **hysteresis** — a rollout cell is released only if the remaining capacity still covers the demand
+  plus ``hysteresis_slots``;
+* **minimum dwell** — a cell keeps a role for at least ``min_dwell_s`` (so at most one move per cell per
+  dwell, whatever the signals do);
+* **rate limit** — at most ``max_moves_per_tick`` moves per decision;
+* **staleness bound** — when a full batch waits and its oldest trajectory lags more than ``staleness_bound``
+  versions, no cell is added to rollout (train what is there first; with less than a batch waiting,
+  holding rollout back would only delay the batch that training needs);
+* **switch-cost gate** — the idle time the move is expected to save, ``min(idle time left in the current
+  role, work waiting in the target role)``, must exceed ``gate_margin`` × the measured switch cost
+  (× 2 with ``round_trip``: the cell will likely come back). This is the rule of verl's dynamic
+  resource controller: move only when the idle time saved exceeds a rolling mean of switch costs.
+
+Starvation overrides the gate (not the dwell): a role with work waiting and no cell at all gets one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from sapwood.scheduler.policies.common import start_decision
+from sapwood.scheduler.policy import Assignment, Decision
+from sapwood.scheduler.signals import CellState, Role, Signals
+
+
+class ElasticPolicy:
+    name = "elastic"
+
+    def __init__(
+        self,
+        min_dwell_s: float = 60.0,
+        max_moves_per_tick: int = 4,
+        hysteresis_slots: int = 1,
+        staleness_bound: int = 1,
+        gate_margin: float = 1.0,
+        round_trip: bool = True,
+        switch_cost_prior_s: float = 10.0,
+        min_train_cells: int = 1,
+        max_staleness: int | None = None,
+    ):
+        checks = {
+            "min_dwell_s": min_dwell_s >= 0,
+            "max_moves_per_tick": max_moves_per_tick >= 1,
+            "hysteresis_slots": hysteresis_slots >= 0,
+            "staleness_bound": staleness_bound >= 0,
+            "gate_margin": gate_margin >= 0,
+            "switch_cost_prior_s": switch_cost_prior_s >= 0,
+            "min_train_cells": min_train_cells >= 0,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"ElasticPolicy: {bad} out of range (dwell/margin/prior ≥ 0, max_moves ≥ 1, counts ≥ 0)")
+        self.min_dwell_s = min_dwell_s
+        self.max_moves_per_tick = max_moves_per_tick
+        self.hysteresis_slots = hysteresis_slots
+        self.staleness_bound = staleness_bound
+        self.gate_margin = gate_margin
+        self.round_trip = round_trip
+        self.switch_cost_prior_s = switch_cost_prior_s
+        self.min_train_cells = min_train_cells
+        #: the admission bound the simulator enforces (defaults to the policy's staleness bound)
+        self.max_staleness = staleness_bound if max_staleness is None else max_staleness
+
+    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, Role]:
+        return dict.fromkeys(cell_ids, "rollout")
+
+    # ---- estimates (all from observable signals) -------------------------------------------------
+    def switch_cost(self, s: Signals) -> float:
+        cost = s.switch_cost_mean_s if s.switch_cost_mean_s > 0 else self.switch_cost_prior_s
+        return cost * (2.0 if self.round_trip else 1.0)
+
+    @staticmethod
+    def batch_eta_s(s: Signals) -> float:
+        """Seconds until a full batch is finished, from the rolling completion rate (inf if unknown)."""
+        missing = s.batch_size - s.backlog_executions
+        if missing <= 0:
+            return 0.0
+        if missing > s.in_flight + s.rollout_demand or s.rollout_completions_per_s <= 0:
+            return math.inf
+        return missing / s.rollout_completions_per_s
+
+    def train_work_s(self, s: Signals, n_train: int) -> float:
+        """Seconds of training work one more train cell would find (current step + batches the data allows)."""
+        pending_batches = (s.backlog_executions + s.in_flight) // s.batch_size
+        work = s.train_remaining_cell_s + s.train_step_cell_s * pending_batches
+        return work / (n_train + 1)
+
+    def rollout_idle_s(self, s: Signals, n_train: int) -> float:
+        """Seconds a surplus rollout cell would stay idle: until the policy version advances."""
+        step_s = s.train_step_cell_s / max(n_train, 1)
+        if s.train_active:
+            return s.train_remaining_cell_s / max(n_train, 1)
+        return self.batch_eta_s(s) + step_s
+
+    @staticmethod
+    def balanced_rollout_cells(s: Signals, n_cells: int, cap_cell: int) -> int:
+        """Rollout cells r so that production r·cap/p50 matches consumption (n−r)·batch/step_cost."""
+        if s.rollout_p50_s <= 0 or s.train_step_cell_s <= 0:
+            return n_cells // 2
+        produce = cap_cell / s.rollout_p50_s  # trajectories per second per rollout cell
+        consume = s.batch_size / s.train_step_cell_s  # trajectories per second per train cell
+        return round(n_cells * consume / (produce + consume))
+
+    # ---- decision --------------------------------------------------------------------------------
+    def decide(self, signals: Signals, assignment: Assignment) -> Decision:
+        s = signals
+        target, reasons, movable = start_decision(s, assignment)
+        cells = {c.cell_id: c for c in s.cells}
+        live = [c for c in s.cells if not c.lost]
+
+        def count(role: Role) -> int:
+            return sum(1 for c in live if target[c.cell_id] == role)
+
+        def capacity() -> int:
+            return sum(c.capacity for c in live if target[c.cell_id] == "rollout")
+
+        def eligible(role: Role, prefer: str) -> list[CellState]:
+            pool = [
+                cells[cid]
+                for cid in movable
+                if target[cid] == role and s.at_s - cells[cid].role_since_s >= self.min_dwell_s
+                and cid not in reasons
+            ]
+            # satellites are the cells that move first; core cells (authoritative parameters) stay in train
+            pool.sort(key=lambda c: (c.tier != prefer, c.role_since_s, c.cell_id))
+            return pool
+
+        train_work = s.train_active or s.backlog_executions >= s.batch_size
+        stale = s.backlog_executions >= s.batch_size and s.staleness_max > self.staleness_bound
+        cost = self.switch_cost(s)
+        moves = 0
+
+        def move(cell: CellState, role: Role, why: str) -> None:
+            nonlocal moves
+            target[cell.cell_id] = role
+            reasons[cell.cell_id] = why
+            moves += 1
+
+        # starvation: work waiting and no cell in the role at all (overrides the gate, not the dwell)
+        if train_work and count("train") < max(self.min_train_cells, 1):
+            for cell in eligible("idle", "core") + eligible("rollout", "core"):
+                if moves >= self.max_moves_per_tick or count("train") >= max(self.min_train_cells, 1):
+                    break
+                move(cell, "train", f"starved: training work waiting with {count('train')} train cells")
+        if s.rollout_demand > 0 and capacity() == 0 and not stale:
+            for cell in eligible("idle", "satellite") + eligible("train", "satellite"):
+                if moves >= self.max_moves_per_tick or capacity() > 0:
+                    break
+                if target[cell.cell_id] == "train" and train_work and count("train") <= self.min_train_cells:
+                    continue
+                move(cell, "rollout", f"starved: {s.rollout_demand} rollouts want a slot and no rollout cell")
+
+        # size the rollout pool: the demand caps it; when both roles have work, balance the rates
+        n_live = len(live)
+        cap_cell = max(round(sum(c.capacity for c in live) / max(n_live, 1)), 1)
+        # hysteresis: the pool keeps hysteresis_slots of slack above the demand before it releases a cell
+        demand_cells = math.ceil((s.rollout_demand + self.hysteresis_slots) / cap_cell) if s.rollout_demand else 0
+        want_r = min(demand_cells, n_live)
+        if train_work:
+            want_r = min(want_r, max(self.balanced_rollout_cells(s, n_live, cap_cell), 1 if s.rollout_demand else 0))
+            want_r = min(want_r, n_live - self.min_train_cells)
+        if stale:
+            want_r = min(want_r, count("rollout"))
+
+        # grow toward want_r
+        for cell in eligible("idle", "satellite") + eligible("train", "satellite"):
+            demand, cap = s.rollout_demand, capacity()
+            if moves >= self.max_moves_per_tick or count("rollout") >= want_r or demand <= cap:
+                break
+            was = target[cell.cell_id]
+            work_there = s.rollout_p50_s * min(1.0, (demand - cap) / cell.capacity)
+            if was == "idle":
+                saved, kind = work_there, "idle cell"
+            elif train_work:
+                saved, kind = work_there, "rebalance toward production"
+            else:
+                saved, kind = min(self.batch_eta_s(s), work_there), "train cell idle until the next batch"
+            if saved > self.gate_margin * cost:
+                move(cell, "rollout", (
+                    f"{kind}: rollout demand {demand} > capacity {cap}, target {want_r} rollout cells; "
+                    f"expected idle saved {saved:.0f}s > switch cost {cost:.0f}s"
+                ))
+
+        # shrink toward want_r (surplus cells first, then rebalancing toward training)
+        for cell in eligible("rollout", "satellite"):
+            demand, cap = s.rollout_demand, capacity()
+            if moves >= self.max_moves_per_tick or count("rollout") <= want_r:
+                break
+            n_train = count("train")
+            surplus = cap - cell.capacity >= demand + self.hysteresis_slots
+            if surplus:
+                saved = min(self.rollout_idle_s(s, n_train), self.train_work_s(s, n_train))
+                kind = f"surplus: capacity {cap} exceeds demand {demand} by ≥ {cell.capacity + self.hysteresis_slots}"
+            elif train_work:
+                saved, kind = self.train_work_s(s, n_train), "rebalance toward training"
+            else:
+                continue
+            if saved > self.gate_margin * cost:
+                move(cell, "train", (
+                    f"{kind}, target {want_r} rollout cells; expected idle saved {saved:.0f}s > switch cost {cost:.0f}s"
+                ))
+        return Decision(target, reasons)

@@ -1,0 +1,304 @@
+"""The SimPy model: N homogeneous cells, long-tailed rollouts, data-parallel training, timed role switches.
+
+Process layout (all SimPy processes, no hand-written event loop):
+
+* one process per running rollout segment (a rollout preempted by a shrinking rollout pool keeps its
+  remaining time and resumes first when a slot frees — the source's "switch without interrupting tasks");
+* one trainer: waits for a full batch, then works off ``train_cell_s_per_step`` cell-seconds at a rate equal
+  to the number of active train cells (cells joining or leaving mid-step change the rate);
+* one controller: every ``tick_s`` and on every state change, builds a :class:`Signals` snapshot from
+  observable state only, calls the policy, and starts a switch process for every moved cell.
+
+Admission control bounds staleness: rollout ``i`` may start only when ``i < (version + max_staleness + 1) ×
+batch_size`` (exactly one batch per version when the bound is 0, i.e. Colocate).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sapwood.scheduler.policy import Decision, Policy, check_decision, load_policy
+from sapwood.scheduler.signals import CellState, Role, Signals
+from sapwood.scheduler.simulator.results import Move, SimResult, Switch
+from sapwood.scheduler.simulator.workload import Workload
+
+Proc = Generator[simpy.Event, Any, None]
+
+
+@dataclass
+class _Cell:
+    cell_id: str
+    tier: str
+    role: Role
+    role_since_s: float = 0.0
+    switching: bool = False
+
+
+@dataclass
+class _Rollout:
+    idx: int
+    remaining: float
+    duration: float
+    version: int
+    started_s: float
+    seg_start: float = 0.0
+    proc: Any = None
+
+
+class ClusterSim:
+    """One simulated run of ``workload`` under ``policy`` (durations drawn from ``seed``)."""
+
+    def __init__(self, workload: Workload, policy: Policy, seed: int = 0):
+        self.w = workload
+        self.policy = policy
+        self.seed = seed
+        self.bound = int(getattr(policy, "max_staleness", workload.max_staleness))
+        self.env = simpy.Environment()
+        self.durations = workload.durations(seed)
+        ids = [f"cell-{i:02d}" for i in range(workload.cells)]
+        initial = policy.initial_assignment(ids)
+        tiers = ["satellite" if i >= workload.cells - workload.satellites else "core" for i in range(workload.cells)]
+        self.cells = [_Cell(cid, tiers[i], initial[cid]) for i, cid in enumerate(ids)]
+        self.version = 0
+        self.next_idx = 0
+        self.running: dict[int, _Rollout] = {}
+        self.paused: deque[_Rollout] = deque()
+        self.backlog: deque[_Rollout] = deque()
+        self.completions = np.zeros(workload.rollouts, dtype=np.int64)
+        self.trained = np.zeros(workload.rollouts, dtype=np.int64)
+        self.staleness: list[int] = []
+        self.finished_at: deque[float] = deque()
+        self.finished_durations: deque[float] = deque(maxlen=256)
+        self.switch_log: list[Switch] = []
+        self.moves: list[Move] = []
+        self.decisions = 0
+        self.train_active = False
+        self.train_remaining = 0.0
+        self.last_step_s = 0.0
+        self.wall_s = math.nan
+        self.done = self.env.event()
+        self._changed = self.env.event()
+        self._acc_t = 0.0
+        self._acc = dict.fromkeys(("rollout", "train", "idle", "switching", "rollout_busy", "train_busy"), 0.0)
+        self.timeline: list[tuple[float, int, int, int, int]] = []
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+    def active(self, role: Role) -> int:
+        return sum(1 for c in self.cells if c.role == role and not c.switching)
+
+    def _account(self) -> None:
+        """Integrate cell-seconds per role up to now; call before any change of roles or work."""
+        dt = self.env.now - self._acc_t
+        n_r, n_t, n_i = self.active("rollout"), self.active("train"), self.active("idle")
+        n_s = sum(1 for c in self.cells if c.switching)
+        if dt > 0:
+            self._acc["rollout"] += dt * n_r
+            self._acc["train"] += dt * n_t
+            self._acc["idle"] += dt * n_i
+            self._acc["switching"] += dt * n_s
+            slots = self.w.slots_per_cell
+            self._acc["rollout_busy"] += dt * min(len(self.running), n_r * slots) / slots
+            self._acc["train_busy"] += dt * n_t * (1 if self.train_active else 0)
+        self._acc_t = self.env.now
+        row = (self.env.now, n_r, n_t, n_i, n_s)
+        if not self.timeline or self.timeline[-1][1:] != row[1:]:
+            self.timeline.append(row)
+
+    def _notify(self) -> None:
+        """Wake the controller and the trainer (state changed)."""
+        ev, self._changed = self._changed, self.env.event()
+        ev.succeed()
+
+    # ---- rollouts --------------------------------------------------------------------------------
+    def capacity(self) -> int:
+        return self.active("rollout") * self.w.slots_per_cell
+
+    def admit_limit(self) -> int:
+        return min((self.version + self.bound + 1) * self.w.batch_size, self.w.rollouts)
+
+    def _fill(self) -> None:
+        while len(self.running) < self.capacity():
+            if self.paused:
+                r = self.paused.popleft()
+            elif self.next_idx < self.admit_limit():
+                d = float(self.durations[self.next_idx])
+                r = _Rollout(self.next_idx, d, d, self.version, self.env.now)
+                self.next_idx += 1
+            else:
+                return
+            self._start(r)
+
+    def _shrink(self) -> None:
+        """Preempt the newest segments until the running rollouts fit the capacity; they keep their progress."""
+        while len(self.running) > self.capacity():
+            r = max(self.running.values(), key=lambda x: (x.seg_start, x.idx))
+            del self.running[r.idx]
+            r.remaining = max(r.remaining - (self.env.now - r.seg_start), 0.0)
+            self.paused.appendleft(r)
+            r.proc.interrupt("preempted")
+
+    def _start(self, r: _Rollout) -> None:
+        r.seg_start = self.env.now
+        self.running[r.idx] = r
+        r.proc = self.env.process(self._run(r))
+
+    def _run(self, r: _Rollout) -> Proc:
+        try:
+            yield self.env.timeout(r.remaining)
+        except simpy.Interrupt:
+            return
+        self._account()
+        del self.running[r.idx]
+        self.completions[r.idx] += 1
+        self.backlog.append(r)
+        self.finished_at.append(self.env.now)
+        self.finished_durations.append(r.duration)
+        self._fill()
+        self._notify()
+
+    # ---- training --------------------------------------------------------------------------------
+    def _trainer(self) -> Proc:
+        w = self.w
+        while self.version < w.steps:
+            while len(self.backlog) < w.batch_size:
+                yield self._changed
+            self._account()
+            for _ in range(w.batch_size):
+                r = self.backlog.popleft()
+                self.trained[r.idx] += 1
+                self.staleness.append(self.version - r.version)
+            self.train_active, self.train_remaining = True, w.train_cell_s_per_step
+            started = self.env.now
+            self._notify()
+            while self.train_remaining > 0:
+                n = self.active("train")
+                if n == 0:
+                    yield self._changed
+                    continue
+                t0, done = self.env.now, self.env.timeout(self.train_remaining / n)
+                yield done | self._changed
+                self.train_remaining = 0.0 if done.processed else max(self.train_remaining - (self.env.now - t0) * n, 0)
+            self._account()
+            self.train_active = False
+            self.version += 1
+            self.last_step_s = self.env.now - started
+            self._fill()
+            self._notify()
+        self.wall_s = self.env.now
+        self.done.succeed()
+
+    # ---- control ---------------------------------------------------------------------------------
+    def signals(self) -> Signals:
+        now, w = self.env.now, self.w
+        window = w.rollout_p50_s
+        while self.finished_at and self.finished_at[0] < now - window:
+            self.finished_at.popleft()
+        elapsed = min(now, window)
+        rate = len(self.finished_at) / elapsed if elapsed > 0 else 0.0
+        in_flight = list(self.running.values()) + list(self.paused)
+        seen = len(self.finished_durations) >= w.batch_size
+        p50 = float(np.median(self.finished_durations)) if seen else w.rollout_p50_s
+        switch_mean = float(np.mean([s.duration_s for s in self.switch_log[-32:]])) if self.switch_log else 0.0
+        stale = [self.version - r.version for r in self.backlog]
+        return Signals(
+            at_s=now,
+            cells=tuple(
+                CellState(c.cell_id, c.tier, w.slots_per_cell, c.role, c.role_since_s, now, False, c.switching)  # type: ignore[arg-type]
+                for c in self.cells
+            ),
+            batch_size=w.batch_size,
+            backlog_executions=len(self.backlog),
+            backlog_tokens=len(self.backlog) * w.tokens_per_rollout,
+            in_flight=len(in_flight),
+            in_flight_oldest_age_s=max((now - r.started_s for r in in_flight), default=0.0),
+            rollout_demand=len(in_flight) + max(self.admit_limit() - self.next_idx, 0),
+            train_active=self.train_active,
+            train_remaining_cell_s=self.train_remaining if self.train_active else 0.0,
+            train_step_cell_s=w.train_cell_s_per_step,
+            rollout_p50_s=p50,
+            rollout_completions_per_s=rate,
+            rollout_tokens_per_s=rate * w.tokens_per_rollout,
+            learner_tokens_per_s=(w.batch_size * w.tokens_per_rollout / self.last_step_s) if self.last_step_s else 0.0,
+            policy_version=self.version,
+            staleness_max=max(stale, default=0),
+            staleness_mean=float(np.mean(stale)) if stale else 0.0,
+            switch_cost_mean_s=switch_mean,
+        )
+
+    def _switch(self, cell: _Cell, to: Role) -> Proc:
+        self._account()
+        old, cell.role, cell.switching = cell.role, to, True
+        start = self.env.now
+        self._shrink()
+        self._notify()
+        yield self.env.timeout(self.w.switch_cost_s)
+        self._account()
+        cell.switching, cell.role_since_s = False, self.env.now
+        self.switch_log.append(Switch(cell.cell_id, old, to, start, self.env.now - start))
+        self._fill()
+        self._notify()
+
+    def _apply(self, decision: Decision) -> None:
+        assignment = {c.cell_id: c.role for c in self.cells}
+        for c in self.cells:
+            new = decision.target[c.cell_id]
+            if new != assignment[c.cell_id] and not c.switching:
+                self.moves.append(Move(self.env.now, c.cell_id, c.role, new, decision.reasons.get(c.cell_id, "")))
+                self.env.process(self._switch(c, new))
+
+    def _controller(self) -> Proc:
+        while not self.done.triggered:
+            s = self.signals()
+            decision = check_decision(self.policy.decide(s, {c.cell_id: c.role for c in self.cells}), s)
+            self.decisions += 1
+            self._apply(decision)
+            yield self.env.timeout(self.w.tick_s) | self._changed | self.done
+
+    def run(self) -> SimResult:
+        self._account()
+        self._fill()
+        self.env.process(self._trainer())
+        self.env.process(self._controller())
+        self.env.run(until=self.done)
+        self._account()
+        a = self._acc
+        idle = {
+            "rollout": 1.0 - a["rollout_busy"] / a["rollout"] if a["rollout"] else 0.0,
+            "train": 1.0 - a["train_busy"] / a["train"] if a["train"] else 0.0,
+            "switching": a["switching"] / (self.wall_s * self.w.cells) if self.wall_s else 0.0,
+        }
+        return SimResult(
+            policy=getattr(self.policy, "name", type(self.policy).__name__),
+            seed=self.seed,
+            steps=self.version,
+            wall_s=self.wall_s,
+            idle_fraction=idle,
+            cell_seconds={k: a[k] for k in ("rollout", "train", "idle", "switching")},
+            staleness=self.staleness,
+            switches=self.switch_log,
+            moves=self.moves,
+            decisions=self.decisions,
+            completions=self.completions,
+            trained=self.trained,
+            timeline=self.timeline,
+        )
+
+
+def make_policy(name: str, workload: Workload, **kwargs: object) -> Policy:
+    """A built-in policy configured for ``workload`` (staleness bound from the workload unless given)."""
+    if name in ("async", "elastic"):
+        kwargs.setdefault("max_staleness", workload.max_staleness)
+    return load_policy(name, **kwargs)
+
+
+def simulate(workload: Workload, policy: Policy | str, seed: int = 0, **policy_kwargs: object) -> SimResult:
+    """Run one simulation; ``policy`` is a policy object, a built-in name or an import path."""
+    pol = make_policy(policy, workload, **policy_kwargs) if isinstance(policy, str) else policy
+    return ClusterSim(workload, pol, seed).run()

@@ -1,0 +1,118 @@
+"""Workload parameters and the documented presets.
+
+Rollout durations are lognormal: median ``rollout_p50_s`` and tail heaviness ``tail_ratio`` = p99/p50,
+so σ = ln(tail_ratio) / z₀.₉₉ (z₀.₉₉ = 2.3263). ``tail_ratio`` = 1 gives zero variance (every rollout
+lasts exactly the median). A rollout holds one of its cell's ``slots_per_cell`` slots for its duration
+(agentic rollouts are bound by environment time and KV-cache memory, not by decode throughput).
+A training step costs ``train_cell_s_per_step`` cell-seconds, split evenly over the train cells
+(data-parallel, linear scaling; satellites join a step mid-way). A role switch takes ``switch_cost_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+Z99 = 2.3263478740408408
+
+
+@dataclass(frozen=True)
+class Workload:
+    """All parameters of one simulated cluster run (seconds, counts, tokens)."""
+
+    cells: int = 8
+    slots_per_cell: int = 4
+    batch_size: int = 32
+    steps: int = 8
+    rollout_p50_s: float = 600.0
+    tail_ratio: float = 4.0
+    tokens_per_rollout: int = 100_000
+    train_cell_s_per_step: float = 8 * 300.0
+    switch_cost_s: float = 10.0
+    tick_s: float = 30.0
+    max_staleness: int = 1
+    satellites: int = 0
+
+    def __post_init__(self) -> None:
+        positive = {
+            "cells": self.cells, "slots_per_cell": self.slots_per_cell, "batch_size": self.batch_size,
+            "steps": self.steps, "rollout_p50_s": self.rollout_p50_s, "tick_s": self.tick_s,
+            "train_cell_s_per_step": self.train_cell_s_per_step,
+        }
+        bad = {k: v for k, v in positive.items() if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}
+        if bad:
+            raise ValueError(f"Workload: these must be finite and > 0: {bad}")
+        if not (math.isfinite(self.tail_ratio) and self.tail_ratio >= 1.0):
+            raise ValueError(f"Workload.tail_ratio is p99/p50 and must be ≥ 1, got {self.tail_ratio}")
+        if not (math.isfinite(self.switch_cost_s) and self.switch_cost_s >= 0):
+            raise ValueError(f"Workload.switch_cost_s must be ≥ 0, got {self.switch_cost_s}")
+        if self.max_staleness < 0 or not 0 <= self.satellites <= self.cells:
+            raise ValueError("Workload: max_staleness must be ≥ 0 and 0 ≤ satellites ≤ cells")
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.tail_ratio) / Z99
+
+    @property
+    def rollouts(self) -> int:
+        """Rollouts the run needs: one batch per step."""
+        return self.steps * self.batch_size
+
+    def durations(self, seed: int) -> np.ndarray:
+        """``(rollouts,)`` float64 seconds; rollout i gets durations[i] under every policy (common random numbers)."""
+        rng = np.random.default_rng(seed)
+        if self.sigma == 0.0:
+            return np.full(self.rollouts, self.rollout_p50_s)
+        return self.rollout_p50_s * np.exp(self.sigma * rng.standard_normal(self.rollouts))
+
+    def with_(self, **changes: object) -> Workload:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+HOUR = 3600.0
+
+#: ``paper``, derived from QwenGyre (SPEC §5 and the seed article); every choice not in the source is marked ASSUMED.
+#: * steps = 48 (source: "48 步训练").
+#: * tokens_per_rollout = 700_000 (source: "一次 rollout 吃掉约 70 万 token").
+#: * rollout_p50_s = 1 h, tail_ratio = 4: source says rollouts last hours, some converge in half an hour while
+#:   others run several hours ("半小时收敛 … 跑几个小时"), completion times differ by several times ("差出数倍").
+#:   ASSUMED: median 1 h and p99 = 4 h (p1 ≈ 15 min).
+#: * cells = 16, slots_per_cell = 4, batch_size = 64: the source states neither cell count nor batch size.
+#:   ASSUMED: one batch fills the cluster exactly once (64 rollouts of ~700K context, 4 per cell by KV-cache
+#:   memory), a GRPO-like 8 prompts × 8 samples batch.
+#: * train_cell_s_per_step = 16 cells × 0.5 h: ASSUMED: training one batch (64 × 700K tokens) on the whole cluster
+#:   takes half the median rollout. The source gives no per-step training time; the sweep varies this ratio.
+#: * switch_cost_s = 10 s: source: a switch takes "数秒" (seconds). Colocate pays the same cost per phase flip.
+#: * max_staleness = 1: ASSUMED for Async and Elastic (one version off-policy, the usual bounded-async setting).
+#: * satellites = 8: ASSUMED half the cells are satellites (the others are core cells holding parameters).
+PAPER = Workload(
+    cells=16,
+    slots_per_cell=4,
+    batch_size=64,
+    steps=48,
+    rollout_p50_s=1.0 * HOUR,
+    tail_ratio=4.0,
+    tokens_per_rollout=700_000,
+    train_cell_s_per_step=16 * 0.5 * HOUR,
+    switch_cost_s=10.0,
+    tick_s=60.0,
+    max_staleness=1,
+    satellites=8,
+)
+
+#: ``small``: a fast CI-sized workload (8 cells, 8 steps, 10-minute median rollouts, p99/p50 = 4).
+SMALL = Workload()
+
+PRESETS: dict[str, Workload] = {"paper": PAPER, "small": SMALL}
+
+
+def preset(name: str) -> Workload:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload preset {name!r}; expected one of {sorted(PRESETS)}") from None
