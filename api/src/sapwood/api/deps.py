@@ -16,6 +16,7 @@ from sapwood.api.auth import KeyVerifier, Principal, split_key
 from sapwood.api.cache import ResponseCache
 from sapwood.api.config import ApiSettings
 from sapwood.api.errors import AuthenticationError
+from sapwood.api.queries.cursors import Cursors
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.queries.trees import PathCache
 from sapwood.api.schemas import NO_NUL
@@ -38,6 +39,7 @@ class Services:
     lag: LagReader
     versions: VersionReader
     paths: PathCache
+    cursors: Cursors
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
@@ -55,8 +57,15 @@ class Services:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
-        """A transaction, committed on success."""
+        """A transaction, committed on success.
+
+        On SQLite it starts with ``BEGIN IMMEDIATE``: the write lock is taken before the first read,
+        so read-then-write transactions (next score revision, last admin key) are serialized across
+        threads and worker processes, as row locks serialize them on PostgreSQL.
+        """
         with translate_errors(), self.store.engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
             yield conn
 
 

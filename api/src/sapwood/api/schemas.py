@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.errors import ValidationError
+from sapwood.platform.runs import (
+    CONFIG_MAX_BYTES,
+    CONFIG_MAX_DEPTH,
+    RUN_ID_PATTERN,
+    ExecutionFilter,
+    check_storable_json,
+)
 
 RoleName = Literal["prompt", "observation", "action", "summary"]
 #: Text without NUL characters (PostgreSQL text and JSONB cannot hold them).
 NO_NUL = r"^[^\x00]*$"
 ShortText = Annotated[str, StringConstraints(max_length=128, pattern=NO_NUL)]
-RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")]
+RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=RUN_ID_PATTERN)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 INT32_MAX = 2**31 - 1
 
@@ -92,28 +98,13 @@ class RunPage(_Out):
     next_cursor: str | None
 
 
-def _json_ok(value: Any, where: str) -> None:
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{where}: text must not contain NUL characters")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where}: numbers must be finite")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _json_ok(k, where)
-            _json_ok(v, where)
-    elif isinstance(value, list):
-        for v in value:
-            _json_ok(v, where)
-
-
 class RunCreate(BaseModel):
     """A new training run over historical executions."""
 
     model_config = ConfigDict(extra="forbid")
 
-    run_id: RunId | None = Field(default=None, description="id of the new run; generated when omitted")
+    run_id: RunId | None = Field(default=None, description="id of the new run (1-128 of A-Z a-z 0-9 . _ : @ -, "
+                                                             "starting with a letter or digit); generated when omitted")
     kind: Literal["replay", "live"] = Field(
         default="replay",
         description="replay: snapshot the finished executions matching the filter, in a seed-fixed order; "
@@ -122,7 +113,9 @@ class RunCreate(BaseModel):
     filter: ExecutionFilter = Field(default_factory=ExecutionFilter)
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="fixes the order of a replay run")
     description: Annotated[str, StringConstraints(max_length=2000, pattern=NO_NUL)] = ""
-    config: dict[str, Any] = Field(default_factory=dict, description="free-form run configuration (JSON object)")
+    config: dict[str, Any] = Field(default_factory=dict, description=(
+        f"free-form run configuration (JSON object): at most {CONFIG_MAX_DEPTH} levels deep and {CONFIG_MAX_BYTES} "
+        "bytes of JSON, text without NUL or lone surrogates, finite numbers, 64-bit integers"))
 
     @model_validator(mode="after")
     def _storable(self) -> RunCreate:
@@ -130,10 +123,11 @@ class RunCreate(BaseModel):
             value = getattr(self.filter, name)
             if value is not None and value > INT32_MAX:
                 raise ValueError(f"filter.{name}: at most {INT32_MAX}")
-        _json_ok(self.config, "config")
-        _json_ok(self.filter.model_dump(), "filter")
-        if len(str(self.config)) > 20_000:
-            raise ValueError("config: at most 20000 characters")
+        try:  # everything the store will hold must read back: checked before anything is written
+            check_storable_json(self.config, "config")
+            check_storable_json(self.filter.model_dump(), "filter")
+        except ValidationError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
 

@@ -11,6 +11,9 @@ done only by the learner that still holds it, so nothing is trained twice in a r
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import re
 import time
 from typing import Any, Literal
 
@@ -69,6 +72,58 @@ class ExecutionFilter(BaseModel):
 
 FINISHED = ("success", "timeout", "error")
 
+#: Run ids: 1-128 characters of ``A-Z a-z 0-9 . _ : @ -``, starting with a letter or digit. No ``/``
+#: (an id must be one URL path segment: ``/v1/runs/{run_id}`` and ``/v1/runs/{run_id}/items``).
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+_RUN_ID_RE = re.compile(RUN_ID_PATTERN)
+#: Limits of a run's free-form ``config``: nesting depth and size of its JSON text.
+CONFIG_MAX_DEPTH = 32
+CONFIG_MAX_BYTES = 64 * 1024
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is in the safe alphabet (:data:`RUN_ID_PATTERN`), else :class:`ValidationError`."""
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
+        raise ValidationError(f"run id {run_id!r:.140} must be 1-128 characters of A-Z a-z 0-9 . _ : @ - "
+                              "starting with a letter or digit")
+    return run_id
+
+
+def check_storable_json(value: Any, where: str, *, max_depth: int = CONFIG_MAX_DEPTH,
+                        max_bytes: int = CONFIG_MAX_BYTES) -> None:
+    """Reject JSON that either backend could store but not read back (or not store at all).
+
+    Checked iteratively (no recursion limit to hit): nesting at most ``max_depth`` levels, strings
+    and keys without NUL or lone surrogates (PostgreSQL refuses them; SQLite stores text that no
+    UTF-8 reader decodes), finite floats, 64-bit integers, and at most ``max_bytes`` of UTF-8 JSON text.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > max_depth:
+                raise ValidationError(f"{where}: nested deeper than {max_depth} levels")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise ValidationError(f"{where}: text must not contain NUL characters")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValidationError(f"{where}: text must be valid Unicode (no lone surrogates)") from None
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValidationError(f"{where}: numbers must be finite")
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if not -(2**63) <= item < 2**63:
+                raise ValidationError(f"{where}: integers must fit in 64 bits")
+        elif item is not None and not isinstance(item, bool):
+            raise ValidationError(f"{where}: {type(item).__name__} is not a JSON value")
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > max_bytes:
+        raise ValidationError(f"{where}: {size} bytes of JSON, at most {max_bytes}")
+
 
 def _order_key(seed: int, execution_id: str) -> int:
     digest = hashlib.blake2b(f"{seed}:{execution_id}".encode(), digest_size=8).digest()
@@ -88,6 +143,9 @@ def create_run(
     """Create a run; a replay run snapshots the finished executions matching ``flt``. Returns items queued."""
     if kind not in ("live", "replay"):
         raise ValidationError(f"run kind must be 'live' or 'replay', got {kind!r}")
+    check_run_id(run_id)
+    check_storable_json(config or {}, "config")
+    check_storable_json(description, "description")
     exists = conn.execute(sa.select(t.runs.c.run_id).where(t.runs.c.run_id == run_id)).first()
     if exists:
         raise ConflictError(f"run {run_id!r} already exists")

@@ -11,7 +11,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.api.queries.cursors import decode_cursor, encode_cursor
+from sapwood.api.queries.cursors import Cursors
 from sapwood.api.tokenizer import Tokenizer
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
@@ -116,7 +116,8 @@ def audit(conn: Connection, call_id: str, *, tokenizer: Tokenizer | None, tokens
     }
 
 
-def calls_seeing(conn: Connection, node_id: str, *, limit: int, cursor: str | None) -> dict[str, Any]:
+def calls_seeing(conn: Connection, node_id: str, *, limit: int, cursor: str | None,
+                 cursors: Cursors) -> dict[str, Any]:
     """Calls whose input path contains ``node_id``: input_node is the node or one of its descendants
     in the same context (recursive walk down ``parent_id``), in event order."""
     node = conn.execute(sa.select(_n.depth, _n.length).where(_n.node_id == node_id)).first()
@@ -127,7 +128,7 @@ def calls_seeing(conn: Connection, node_id: str, *, limit: int, cursor: str | No
     below = base.union_all(sa.select(down.c.node_id).where(down.c.parent_id == base.c.node_id))
     q = sa.select(*CALL_COLUMNS).where(_c.input_node.in_(sa.select(below.c.node_id)))
     if cursor:
-        (after,) = decode_cursor(cursor, "nodecalls", (int,))
+        (after,) = cursors.decode(cursor, f"nodecalls:{node_id}", (int,))
         q = q.where(_c.seq > after)
     rows = conn.execute(q.order_by(_c.seq).limit(limit + 1)).all()
     more = len(rows) > limit
@@ -135,18 +136,19 @@ def calls_seeing(conn: Connection, node_id: str, *, limit: int, cursor: str | No
     return {
         "node_id": node_id, "token_start": int(node.depth), "token_end": int(node.depth + node.length),
         "items": [call_out(r) for r in rows],
-        "next_cursor": encode_cursor("nodecalls", rows[-1].seq) if more else None,
+        "next_cursor": cursors.encode(f"nodecalls:{node_id}", rows[-1].seq) if more else None,
     }
 
 
-def list_calls(conn: Connection, execution_id: str, *, limit: int, cursor: str | None) -> dict[str, Any]:
+def list_calls(conn: Connection, execution_id: str, *, limit: int, cursor: str | None,
+               cursors: Cursors) -> dict[str, Any]:
     """Model calls of one execution in event order."""
     q = sa.select(*CALL_COLUMNS).where(_c.execution_id == execution_id)
     if cursor:
-        (after,) = decode_cursor(cursor, "calls", (int,))
+        (after,) = cursors.decode(cursor, f"calls:{execution_id}", (int,))
         q = q.where(_c.seq > after)
     rows = conn.execute(q.order_by(_c.seq).limit(limit + 1)).all()
     more = len(rows) > limit
     rows = rows[:limit]
     return {"items": [call_out(r) for r in rows],
-            "next_cursor": encode_cursor("calls", rows[-1].seq) if more else None}
+            "next_cursor": cursors.encode(f"calls:{execution_id}", rows[-1].seq) if more else None}

@@ -14,11 +14,15 @@ from sapwood.api.deps import Services
 from sapwood.api.schemas import ErrorOut
 
 AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "malformed request: a body that is not UTF-8 JSON, a bad Content-Length"},
     401: {"model": ErrorOut, "description": "missing, malformed, unknown or revoked API key"},
     403: {"model": ErrorOut, "description": "the API key lacks the scope this route needs"},
     422: {"model": ErrorOut, "description": "invalid parameters or body"},
+    431: {"model": ErrorOut, "description": "request headers larger than SAPWOOD_API_MAX_HEADER_BYTES"},
     503: {"model": ErrorOut, "description": "the store is unavailable or the query timed out"},
 }
+TOO_LARGE: dict[int | str, dict[str, Any]] = {
+    413: {"model": ErrorOut, "description": "request body larger than SAPWOOD_API_MAX_BODY_BYTES"}}
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "no such resource"}}
 CONFLICT: dict[int | str, dict[str, Any]] = {409: {"model": ErrorOut, "description": "conflicts with stored state"}}
 

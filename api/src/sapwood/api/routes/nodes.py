@@ -51,4 +51,4 @@ def calls_seeing_node(node_id: uuid.UUID, services: ServicesDep, _key: ReadKey, 
                       cursor: CursorQuery = None) -> dict[str, Any]:
     """Reverse audit: the model calls whose exact input contained this node, in event order."""
     with services.read() as conn:
-        return audit_q.calls_seeing(conn, str(node_id), limit=limit, cursor=cursor)
+        return audit_q.calls_seeing(conn, str(node_id), limit=limit, cursor=cursor, cursors=services.cursors)
