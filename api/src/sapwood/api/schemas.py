@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
 
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.runs import (
     CONFIG_MAX_BYTES,
     CONFIG_MAX_DEPTH,
+    JSON_NUMBER_MAX,
+    JSON_NUMBER_MIN,
     RUN_ID_PATTERN,
     ExecutionFilter,
     check_storable_json,
@@ -98,6 +100,26 @@ class RunPage(_Out):
     next_cursor: str | None
 
 
+_JSON_VALUE = {"$ref": "#/components/schemas/JsonValue"}
+#: Schemas added to the OpenAPI components (``create_app`` merges them): what a run config may hold.
+OPENAPI_COMPONENTS: dict[str, Any] = {"JsonValue": {
+    "description": "a JSON value the store can hold and read back",
+    "anyOf": [
+        {"type": "string", "pattern": NO_NUL},
+        {"type": "number", "minimum": JSON_NUMBER_MIN, "maximum": JSON_NUMBER_MAX},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "array", "items": _JSON_VALUE},
+        {"type": "object", "additionalProperties": _JSON_VALUE, "propertyNames": {"pattern": NO_NUL}},
+    ],
+}}
+RunConfig = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "additionalProperties": _JSON_VALUE, "propertyNames": {"pattern": NO_NUL},
+    "description": f"free-form run configuration (JSON object): at most {CONFIG_MAX_DEPTH} levels deep and "
+                   f"{CONFIG_MAX_BYTES} bytes of JSON, text without NUL or lone surrogates, numbers within ±2**63",
+})]
+
+
 class RunCreate(BaseModel):
     """A new training run over historical executions."""
 
@@ -113,9 +135,7 @@ class RunCreate(BaseModel):
     filter: ExecutionFilter = Field(default_factory=ExecutionFilter)
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="fixes the order of a replay run")
     description: Annotated[str, StringConstraints(max_length=2000, pattern=NO_NUL)] = ""
-    config: dict[str, Any] = Field(default_factory=dict, description=(
-        f"free-form run configuration (JSON object): at most {CONFIG_MAX_DEPTH} levels deep and {CONFIG_MAX_BYTES} "
-        "bytes of JSON, text without NUL or lone surrogates, finite numbers, 64-bit integers"))
+    config: RunConfig = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _storable(self) -> RunCreate:

@@ -15,15 +15,20 @@ import json
 import math
 import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
+
+#: Text a filter matches: no NUL (PostgreSQL text cannot hold it), at most 256 characters.
+FilterText = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
+#: Numbers in a run's config: within ±2**63, so every backend and JSON reader stores them exactly.
+JSON_NUMBER_MIN, JSON_NUMBER_MAX = -(2**63), 2**63 - 1
 
 
 class ExecutionFilter(BaseModel):
@@ -31,9 +36,9 @@ class ExecutionFilter(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    run_id: str | None = Field(default=None, description="executions recorded under this run id")
-    task_id: str | None = None
-    task_family: str | None = None
+    run_id: FilterText | None = Field(default=None, description="executions recorded under this run id")
+    task_id: FilterText | None = None
+    task_family: FilterText | None = None
     status: list[Literal["running", "success", "timeout", "error"]] | None = None
     min_policy_version: int | None = Field(default=None, ge=0, le=2**31 - 1)
     max_policy_version: int | None = Field(default=None, ge=0, le=2**31 - 1)
@@ -95,7 +100,7 @@ def check_storable_json(value: Any, where: str, *, max_depth: int = CONFIG_MAX_D
 
     Checked iteratively (no recursion limit to hit): nesting at most ``max_depth`` levels, strings
     and keys without NUL or lone surrogates (PostgreSQL refuses them; SQLite stores text that no
-    UTF-8 reader decodes), finite floats, 64-bit integers, and at most ``max_bytes`` of UTF-8 JSON text.
+    UTF-8 reader decodes), finite numbers within ±2**63, and at most ``max_bytes`` of UTF-8 JSON text.
     """
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
@@ -112,12 +117,9 @@ def check_storable_json(value: Any, where: str, *, max_depth: int = CONFIG_MAX_D
                 item.encode("utf-8")
             except UnicodeEncodeError:
                 raise ValidationError(f"{where}: text must be valid Unicode (no lone surrogates)") from None
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise ValidationError(f"{where}: numbers must be finite")
-        elif isinstance(item, int) and not isinstance(item, bool):
-            if not -(2**63) <= item < 2**63:
-                raise ValidationError(f"{where}: integers must fit in 64 bits")
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            if not (math.isfinite(item) and JSON_NUMBER_MIN <= item <= JSON_NUMBER_MAX):
+                raise ValidationError(f"{where}: numbers must be finite and within ±2**63")
         elif item is not None and not isinstance(item, bool):
             raise ValidationError(f"{where}: {type(item).__name__} is not a JSON value")
     size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())

@@ -15,7 +15,7 @@ from sapwood.api.schemas import NodeCallsOut, NodeDetail, TrajectoryOut
 from sapwood.platform.errors import ValidationError
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses=AUTH_ERRORS)
-Offset = Annotated[int, Query(ge=0, le=2**40, description="first token")]
+Offset = Annotated[int, Query(ge=0, le=2**40, description="first token (past the end: an empty page)")]
 TokenLimit = Annotated[int, Query(ge=1, le=1_000_000, description="tokens (at most SAPWOOD_API_MAX_TOKEN_PAGE)")]
 
 
