@@ -145,6 +145,12 @@ def login(page: Page, served: Served, key: str | None = None) -> None:
     page.click("#login-form button")
 
 
+def goto(page: Page, served: Served, hash_: str) -> None:
+    """Open ``/ui/<hash_>`` and wait until the viewer has rendered that page."""
+    page.goto(served.base + "/ui/" + hash_)
+    page.wait_for_function("h => document.body.dataset.rendered === h", arg=hash_, timeout=60_000)
+
+
 def shot(page: Page, name: str) -> None:
     DOCS.mkdir(exist_ok=True)
     page.screenshot(path=str(DOCS / f"ui-{name}.png"), full_page=False)
@@ -165,7 +171,7 @@ def test_pages_load_without_console_errors(page: Page, served: Served) -> None:
               ("node", f"#/node/{w.leaves()[0]}", "#node-text"),
               ("scheduler", "#/scheduler", "#panel-cells")]
     for name, hash_, ready in visits:
-        page.goto(served.base + "/ui/" + hash_)
+        goto(page, served, hash_)
         page.wait_for_selector(ready, timeout=30_000)
         assert page.locator("#page-error").count() == 0, page.locator("#page-error").text_content()
         shot(page, name)
@@ -180,13 +186,12 @@ def test_pages_load_without_console_errors(page: Page, served: Served) -> None:
 def test_filters_narrow_the_executions(page: Page, served: Served) -> None:
     login(page, served)
     page.wait_for_selector("text=rollout-a")
-    page.goto(served.base + "/ui/#/executions")
-    page.wait_for_selector("#filters")
+    goto(page, served, "#/executions")
     page.check("input[name=status][value=timeout]")
     page.fill("input[name=task_id]", "task-1")
     page.click("#filters button")
-    page.wait_for_function("location.hash.includes('status=timeout')")
-    page.wait_for_selector("table tbody tr")
+    page.wait_for_function("h => document.body.dataset.rendered === h",
+                           arg="#/executions?status=timeout&task_id=task-1")
     expected = served.api("/v1/executions?status=timeout&task_id=task-1")["items"]
     rows = page.locator("main table tbody tr")
     assert rows.count() == len(expected) >= 1
@@ -200,8 +205,7 @@ def test_the_tree_of_a_three_segment_execution_with_forks(page: Page, served: Se
     assert ex["n_segments"] == 3 and ex["n_forks"] >= 1 and ex["status"] == "timeout"
     login(page, served)
     page.wait_for_selector("text=rollout-a")
-    page.goto(served.base + f"/ui/#/execution/{w.execution_id}")
-    page.wait_for_selector("#tree .node")
+    goto(page, served, f"#/execution/{w.execution_id}")
     nodes = page.locator("#tree .node")
     assert nodes.count() == len(tree["nodes"])
     drawn = set(page.eval_on_selector_all("#tree .node", "els => els.map(e => e.dataset.node)"))
@@ -234,7 +238,7 @@ def test_clicking_a_call_shows_the_context_the_audit_verified(page: Page, served
     audit = served.api(f"/v1/calls/{node['call_id']}/audit")
     login(page, served)
     page.wait_for_selector("text=rollout-a")
-    page.goto(served.base + f"/ui/#/execution/{w.execution_id}")
+    goto(page, served, f"#/execution/{w.execution_id}")
     page.click(f"[data-node='{node['node_id']}'] a.call")
     page.wait_for_selector("#browser-check code", timeout=60_000)
     assert page.text_content("#recorded-digest") == audit["input"]["recorded_digest"]
@@ -265,7 +269,7 @@ def test_decoded_markup_is_shown_as_text_never_run(page: Page, served: Served) -
     call = calls_of(served.hostile)[0].event_id
     login(page, served)
     page.wait_for_selector("text=rollout-a")
-    page.goto(served.base + f"/ui/#/call/{call}")
+    goto(page, served, f"#/call/{call}")
     page.wait_for_selector("#browser-check code", timeout=30_000)
     assert page.text_content("#input-context") == XSS_CONTEXT + " answer:"
     assert page.text_content("#output-text") == XSS_OUTPUT
@@ -273,8 +277,7 @@ def test_decoded_markup_is_shown_as_text_never_run(page: Page, served: Served) -
     page.hover("#output-text")
     assert page.evaluate("window.__xss") is None
     assert page.locator("main script, main img, main b, main i").count() == 0
-    page.goto(served.base + "/ui/#/executions?run_id=hostile")
-    page.wait_for_selector("main table tbody tr")
+    goto(page, served, "#/executions?run_id=hostile")
     assert "<i>task</i>" in page.text_content("main table")
     assert page.locator("main i").count() == 0 and page.evaluate("window.__xss") is None
     shot(page, "escaped")

@@ -24,7 +24,6 @@ from sapwood.api.middleware import (
 from sapwood.api.queries.cursors import Cursors
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.routes import calls, executions, export, health, keys, nodes, runs, stats
-from sapwood.api.schemas import OPENAPI_COMPONENTS
 from sapwood.api.tokenizer import load_tokenizer
 from sapwood.api.ui import mount_ui
 from sapwood.api.versions import VersionReader
@@ -116,7 +115,6 @@ def _openapi_limits(app: FastAPI, settings: ApiSettings) -> None:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = base()
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(OPENAPI_COMPONENTS)
         for path, operations in schema.get("paths", {}).items():
             for operation in operations.values():
                 for param in operation.get("parameters", ()):

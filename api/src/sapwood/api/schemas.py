@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from typing_extensions import TypeAliasType
 
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.runs import (
@@ -14,6 +24,8 @@ from sapwood.platform.runs import (
     JSON_NUMBER_MIN,
     RUN_ID_PATTERN,
     ExecutionFilter,
+    JsonNumber,
+    NonNegativeInt32,
     check_storable_json,
 )
 
@@ -22,7 +34,7 @@ RoleName = Literal["prompt", "observation", "action", "summary"]
 NO_NUL = r"^[^\x00]*$"
 ShortText = Annotated[str, StringConstraints(max_length=128, pattern=NO_NUL)]
 RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=RUN_ID_PATTERN)]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+FiniteFloat = Annotated[JsonNumber, Field(allow_inf_nan=False)]
 INT32_MAX = 2**31 - 1
 
 
@@ -100,24 +112,35 @@ class RunPage(_Out):
     next_cursor: str | None
 
 
-_JSON_VALUE = {"$ref": "#/components/schemas/JsonValue"}
-#: Schemas added to the OpenAPI components (``create_app`` merges them): what a run config may hold.
-OPENAPI_COMPONENTS: dict[str, Any] = {"JsonValue": {
-    "description": "a JSON value the store can hold and read back",
-    "anyOf": [
-        {"type": "string", "pattern": NO_NUL},
-        {"type": "number", "minimum": JSON_NUMBER_MIN, "maximum": JSON_NUMBER_MAX},
-        {"type": "boolean"},
-        {"type": "null"},
-        {"type": "array", "items": _JSON_VALUE},
-        {"type": "object", "additionalProperties": _JSON_VALUE, "propertyNames": {"pattern": NO_NUL}},
-    ],
-}}
-RunConfig = Annotated[dict[str, Any], WithJsonSchema({
-    "type": "object", "additionalProperties": _JSON_VALUE, "propertyNames": {"pattern": NO_NUL},
-    "description": f"free-form run configuration (JSON object): at most {CONFIG_MAX_DEPTH} levels deep and "
-                   f"{CONFIG_MAX_BYTES} bytes of JSON, text without NUL or lone surrogates, numbers within ±2**63",
-})]
+NoNulText = Annotated[str, StringConstraints(pattern=NO_NUL)]
+
+
+def _keys_without_nul(value: dict[str, Any]) -> dict[str, Any]:
+    if any("\x00" in k for k in value):
+        raise ValueError("object keys must not contain NUL characters")
+    return value
+
+
+#: An object whose keys have no NUL (``propertyNames`` in the schema; pydantic would write a key pattern
+#: as ``patternProperties``, which lets other keys through as additional properties).
+_NO_NUL_KEYS = Field(json_schema_extra={"propertyNames": {"pattern": NO_NUL}})
+#: A JSON value the store can hold and read back (text without NUL, numbers within ±2**63); a run's
+#: config is an object of them. Depth, size and lone surrogates are checked after parsing.
+if TYPE_CHECKING:  # mypy cannot follow a recursive TypeAliasType
+    JsonValue = Any
+else:
+    JsonValue = TypeAliasType("JsonValue", Union[  # noqa: UP007 (a recursive alias needs the Union form)
+        NoNulText,
+        Annotated[int, Field(ge=JSON_NUMBER_MIN, le=JSON_NUMBER_MAX)],
+        Annotated[float, Field(ge=JSON_NUMBER_MIN, le=JSON_NUMBER_MAX, allow_inf_nan=False)],
+        bool,
+        list["JsonValue"],
+        Annotated[dict[str, "JsonValue"], _NO_NUL_KEYS, AfterValidator(_keys_without_nul)],
+        None,
+    ])
+RunConfig = Annotated[dict[str, JsonValue], _NO_NUL_KEYS, AfterValidator(_keys_without_nul), Field(description=(
+    f"free-form run configuration (JSON object): at most {CONFIG_MAX_DEPTH} levels deep and {CONFIG_MAX_BYTES} "
+    "bytes of JSON, text without NUL or lone surrogates, numbers within ±2**63"))]
 
 
 class RunCreate(BaseModel):
@@ -133,7 +156,7 @@ class RunCreate(BaseModel):
                     "live: keep following newly finished matching executions",
     )
     filter: ExecutionFilter = Field(default_factory=ExecutionFilter)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="fixes the order of a replay run")
+    seed: NonNegativeInt32 = Field(default=0, description="fixes the order of a replay run")
     description: Annotated[str, StringConstraints(max_length=2000, pattern=NO_NUL)] = ""
     config: RunConfig = Field(default_factory=dict)
 
@@ -393,11 +416,13 @@ class ScoreCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     score: FiniteFloat
-    components: dict[ShortText, FiniteFloat] = Field(default_factory=dict, max_length=100)
+    components: Annotated[dict[ShortText, FiniteFloat], WithJsonSchema({
+        "type": "object", "maxProperties": 100, "propertyNames": {"maxLength": 128, "pattern": NO_NUL},
+        "additionalProperties": {"type": "number"}})] = Field(default_factory=dict, max_length=100)
     scorer: ShortText = "api"
     note: Annotated[str, StringConstraints(max_length=4000, pattern=NO_NUL)] = ""
-    expected_revision: int | None = Field(
-        default=None, ge=0, le=2**31 - 1,
+    expected_revision: NonNegativeInt32 | None = Field(
+        default=None,
         description="optimistic concurrency: fail with 409 unless this is the next revision number",
     )
 

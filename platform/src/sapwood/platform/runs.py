@@ -18,12 +18,37 @@ import time
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
+
+
+def _json_int(value: Any) -> Any:
+    """JSON's integers (``3``, ``3.0``), not booleans or numeric strings (pydantic's lax mode takes both)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("expected an integer")
+        return int(value)
+    return value
+
+
+def _json_number(value: Any) -> Any:
+    """JSON's numbers, not booleans or numeric strings."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected a number")
+    return value
+
+
+#: An integer / a number as JSON Schema means it (what the OpenAPI schema promises clients).
+JsonInt = Annotated[int, BeforeValidator(_json_int)]
+JsonNumber = Annotated[float, BeforeValidator(_json_number)]
+#: A non-negative int32 (policy versions, seeds, revisions) as a JSON integer.
+NonNegativeInt32 = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_json_int)]
 
 #: Text a filter matches: no NUL (PostgreSQL text cannot hold it), at most 256 characters.
 FilterText = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
@@ -40,12 +65,12 @@ class ExecutionFilter(BaseModel):
     task_id: FilterText | None = None
     task_family: FilterText | None = None
     status: list[Literal["running", "success", "timeout", "error"]] | None = None
-    min_policy_version: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    max_policy_version: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    min_score: float | None = Field(default=None, description="on the reward, or the partial score if unrewarded")
-    max_score: float | None = None
-    started_after: float | None = Field(default=None, description="unix seconds")
-    started_before: float | None = None
+    min_policy_version: NonNegativeInt32 | None = None
+    max_policy_version: NonNegativeInt32 | None = None
+    min_score: JsonNumber | None = Field(default=None, description="on the reward, or the partial score if unrewarded")
+    max_score: JsonNumber | None = None
+    started_after: JsonNumber | None = Field(default=None, description="unix seconds")
+    started_before: JsonNumber | None = None
 
     def where(self) -> Any:
         """SQL condition on the ``executions`` table (bound parameters only)."""

@@ -456,10 +456,14 @@ async function render() {
   if (!route) { location.hash = "#/runs"; return; }
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === route[2]);
   setStatus("loading…");
+  const hash = location.hash;
+  delete document.body.dataset.rendered;
   try {
     const view = await route[1](path.match(route[0]), params);
+    if (location.hash !== hash) return; // navigated away meanwhile: that render wins
     $("main").replaceChildren(view);
     setStatus("");
+    document.body.dataset.rendered = hash; // for tests and scripts: this page is complete
   } catch (err) {
     if (err.status === 401) { sessionStorage.removeItem(KEY_SLOT); showLogin(`The server refused the key: ${err.message}`); setStatus(""); return; }
     $("main").replaceChildren(el("p", { class: "error", id: "page-error" }, `${err.status || ""} ${err.code || ""}: ${err.message}`));
