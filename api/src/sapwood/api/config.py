@@ -33,6 +33,8 @@ class ApiSettings(Settings):
     api_key_cache_s: float = Field(
         default=5.0, ge=0, description="seconds a looked-up API key is reused (revocation delay across workers)"
     )
+    api_threads: int = Field(default=40, ge=1, le=1000, description="threads per worker running blocking "
+                             "request work (store reads); fewer queue requests instead of sharing the GIL")
     api_db_pool_size: int = Field(default=16, ge=1, description="PostgreSQL connections each worker keeps open")
     api_db_max_overflow: int = Field(default=8, ge=0, description="extra short-lived connections under bursts")
     api_version_push: bool = Field(

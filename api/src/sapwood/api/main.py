@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
@@ -54,6 +55,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         await app.state.sapwood.versions.start()  # on the serving loop: it owns the listener
         yield
         await app.state.sapwood.versions.close()
