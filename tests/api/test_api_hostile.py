@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from api.api_helpers import Keys, TestClient, load_executions, make_client, make_keys
-from api.live_server import serve_in_thread
+from api.live_server import sapwood_serve, serve_in_thread
 from sapwood.api import ApiSettings, auth, create_app
 from sapwood.api.queries.cursors import MAC_BYTES
 from sapwood.platform import schema as t
@@ -310,3 +310,23 @@ def test_redirects_do_not_trust_the_host_header(client: TestClient, keys: Keys) 
         assert r.headers["location"] == target, (path, r.headers["location"])
     r = client.get("//evil.example/", headers=keys.headers("read"), follow_redirects=False)
     assert not r.headers.get("location", "").startswith("//")
+
+
+def test_sapwood_serve_workers_share_one_cursor_secret(tmp_path: Path) -> None:
+    """Two uvicorn workers: pages fetched over fresh connections (either worker) accept each other's cursors."""
+    url = f"sqlite:///{tmp_path / 'workers.db'}"
+    store = Store.open(url)
+    load_executions(store, 6)
+    keys = make_keys(store)
+    store.close()
+    env = {"SAPWOOD_DATABASE_URL": url, "SAPWOOD_KAFKA_BOOTSTRAP": "", "SAPWOOD_API_CURSOR_SECRET": ""}
+    with sapwood_serve(env, "--workers", "2", "--log-level", "warning") as base:
+        seen, cursor = [], None
+        for _ in range(6):
+            params = {"limit": 1, **({"cursor": cursor} if cursor else {})}
+            r = httpx.get(base + "/v1/executions", params=params, headers={**keys.headers("read"),
+                                                                           "Connection": "close"})
+            assert r.status_code == 200, r.text
+            seen += [i["execution_id"] for i in r.json()["items"]]
+            cursor = r.json()["next_cursor"]
+        assert len(set(seen)) == 6 and cursor is None

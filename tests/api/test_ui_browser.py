@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
 from api.api_helpers import calls_of, load_executions
-from api.live_server import free_port
+from api.live_server import sapwood_serve
 from sapwood.api.auth import create_key
 from sapwood.platform import runs
 from sapwood.platform.store import Store
@@ -89,28 +86,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         claimed = runs.claim(conn, "replay-1", "learner-0", 2)
         runs.complete(conn, "replay-1", "learner-0", claimed[:1])
     store.close()
-    port = free_port()
     log = tmp / "serve.log"
-    env = {**os.environ, "SAPWOOD_DATABASE_URL": url, "SAPWOOD_TOKENIZER": "char", "SAPWOOD_KAFKA_BOOTSTRAP": ""}
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sapwood.platform.cli", "serve", "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sapwood serve did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    env = {"SAPWOOD_DATABASE_URL": url, "SAPWOOD_TOKENIZER": "char", "SAPWOOD_KAFKA_BOOTSTRAP": ""}
+    with log.open("w") as out, sapwood_serve(env, output=out) as base:
         yield Served(base, key, writers, hostile, log)
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 @pytest.fixture(scope="module")
