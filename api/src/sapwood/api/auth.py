@@ -141,7 +141,7 @@ class KeyVerifier:
 
     def lookup(self, key_id: str) -> KeyRecord | None:
         """Read ``key_id`` from the store (blocking) and cache the result."""
-        with translate_errors(), self.engine.connect() as conn:
+        with translate_errors(), self.engine.begin() as conn:  # COMMIT keeps psycopg's prepared statements
             row = conn.execute(sa.select(t.api_keys).where(t.api_keys.c.key_id == key_id)).mappings().first()
         record = None if row is None else KeyRecord(bytes(row["secret_hash"]), row["name"],
                                                     frozenset(row["scopes"].split()), bool(row["revoked"]))
