@@ -2,13 +2,14 @@
 against a real ``sapwood serve`` subprocess over a small synthetic SQLite store (char tokenizer).
 
 Chromium is required, not optional: without it these tests fail (``scripts/test`` installs it).
-Screenshots of each page are written to ``docs/`` (referenced by the README).
+Screenshots of each page go to ``$SAPWOOD_UI_SCREENSHOTS`` (``=docs`` refreshes the README's) or a temp dir.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,16 +18,21 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from fastapi import APIRouter
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
 from api.api_helpers import calls_of, load_executions
-from api.live_server import sapwood_serve
+from api.live_server import sapwood_serve, serve_in_thread
+from sapwood.api import ApiSettings, create_app
 from sapwood.api.auth import create_key
+from sapwood.api.deps import ReadKey
 from sapwood.platform import runs
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+#: Where screenshots go: ``SAPWOOD_UI_SCREENSHOTS=docs`` refreshes the README's; by default a temp dir.
+SHOTS = ROOT / os.environ.get("SAPWOOD_UI_SCREENSHOTS", str(Path(tempfile.gettempdir()) / "sapwood-ui-screenshots"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 XSS_CONTEXT = '<script>window.__xss = "script"</script><img src=x onerror="window.__xss = \'img\'">'
@@ -131,8 +137,8 @@ def goto(page: Page, served: Served, hash_: str) -> None:
 
 
 def shot(page: Page, name: str) -> None:
-    DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=str(DOCS / f"ui-{name}.png"), full_page=False)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"ui-{name}.png"), full_page=False)
 
 
 def test_pages_load_without_console_errors(page: Page, served: Served) -> None:
@@ -148,7 +154,7 @@ def test_pages_load_without_console_errors(page: Page, served: Served) -> None:
               ("execution", f"#/execution/{w.execution_id}", "#tree .node"),
               ("call", f"#/call/{call}", "#browser-check code"),
               ("node", f"#/node/{w.leaves()[0]}", "#node-text"),
-              ("scheduler", "#/scheduler", "#panel-cells")]
+              ("scheduler-absent", "#/scheduler", "#panel-cells")]
     for name, hash_, ready in visits:
         goto(page, served, hash_)
         page.wait_for_selector(ready, timeout=30_000)
@@ -260,3 +266,43 @@ def test_decoded_markup_is_shown_as_text_never_run(page: Page, served: Served) -
     assert "<i>task</i>" in page.text_content("main table")
     assert page.locator("main i").count() == 0 and page.evaluate("window.__xss") is None
     shot(page, "escaped")
+
+
+def test_the_scheduler_panel_shows_cells_when_the_server_has_them(browser: Browser, served: Served,
+                                                                   tmp_path: Path) -> None:
+    """An app with a ``/v1/cells`` route (as the scheduler adds) and none for decisions: the panel lists the
+    cells, says decisions are not served, and the page logs no error (it does not probe missing routes)."""
+    store = Store.open(f"sqlite:///{tmp_path / 'cells.db'}")
+    with store.transaction() as conn:
+        key = create_key(conn, "viewer", "read")[0]
+    router = APIRouter()
+
+    @router.get("/v1/cells")
+    def cells(_key: ReadKey) -> dict[str, Any]:
+        return {"items": [{"cell": "rollout-a", "gpus": 4, "state": "<b>busy</b>"},
+                          {"cell": "train-b", "gpus": 8, "state": "idle"}]}
+
+    app = create_app(ApiSettings(), store=store)
+    app.include_router(router)
+    context = browser.new_context()
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    with serve_in_thread(app) as base:
+        tab.goto(base + "/ui/")
+        tab.fill("#key-input", key)
+        tab.click("#login-form button")
+        tab.wait_for_selector("#logout:not([hidden])")
+        assert tab.is_visible("#nav-scheduler"), errors
+        tab.goto(base + "/ui/#/scheduler")
+        tab.wait_for_function("h => document.body.dataset.rendered === h", arg="#/scheduler")
+        cells_text = tab.text_content("#panel-cells")
+        assert "rollout-a" in cells_text and "train-b" in cells_text and "<b>busy</b>" in cells_text
+        assert tab.locator("#panel-cells tbody tr").count() == 2 and tab.locator("#panel-cells b").count() == 0
+        assert "no /v1/scheduler/decisions route" in tab.text_content("#panel-decisions")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(SHOTS / "ui-scheduler.png"))
+    context.close()
+    store.close()
+    assert errors == []
