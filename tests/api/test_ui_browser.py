@@ -153,7 +153,7 @@ def test_pages_load_without_console_errors(page: Page, served: Served) -> None:
               ("executions-filtered", "#/executions?status=timeout&task_id=task-1", "table"),
               ("execution", f"#/execution/{w.execution_id}", "#tree .node"),
               ("call", f"#/call/{call}", "#browser-check code"),
-              ("node", f"#/node/{w.leaves()[0]}", "#node-text"),
+              ("node", f"#/node/{w.leaves()[0]}", "#trajectory .piece"),
               ("scheduler-absent", "#/scheduler", "#panel-cells")]
     for name, hash_, ready in visits:
         goto(page, served, hash_)
@@ -161,6 +161,9 @@ def test_pages_load_without_console_errors(page: Page, served: Served) -> None:
         assert page.locator("#page-error").count() == 0, page.locator("#page-error").text_content()
         shot(page, name)
     assert served.console == []
+    traj = served.api(f"/v1/nodes/{w.leaves()[0]}/trajectory?limit=8192")
+    goto(page, served, f"#/node/{w.leaves()[0]}")
+    assert page.locator("#trajectory .piece").count() == len(traj["pieces"])
     # the key never reaches a URL, and lives in this tab's session storage only
     assert served.key not in page.url
     assert page.evaluate("sessionStorage.getItem('sapwood.apiKey')") == served.key

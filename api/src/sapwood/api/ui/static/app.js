@@ -340,7 +340,11 @@ function tokensOrText(text, ids, id) {
 }
 
 async function pageNode(nodeId) {
-  const node = await api(`/v1/nodes/${nodeId}`, { limit: 8192 });
+  const [node, seen, traj] = await Promise.all([
+    api(`/v1/nodes/${nodeId}`, { limit: 8192 }),
+    api(`/v1/nodes/${nodeId}/calls`, { limit: 50 }),
+    api(`/v1/nodes/${nodeId}/trajectory`, { limit: 8192 }),
+  ]);
   return el("section", {},
     el("h1", {}, "Node ", el("code", {}, node.node_id)),
     el("dl", { class: "facts" },
@@ -352,7 +356,18 @@ async function pageNode(nodeId) {
     el("h2", {}, state.features.tokenizer ? "Text" : "Token ids"),
     tokensOrText(node.text, node.token_ids, "node-text"),
     node.logprobs ? [el("h2", {}, "Rollout log-probs"), heatMap(node.token_ids, node.logprobs)] : null,
-    node.next_offset !== null ? el("p", { class: "muted" }, `first ${node.token_ids.length} tokens shown`) : null);
+    node.next_offset !== null ? el("p", { class: "muted" }, `first ${node.token_ids.length} tokens shown`) : null,
+    el("h2", {}, `Model calls whose exact input contains this node (tokens ${seen.token_start}–${seen.token_end})`),
+    table([
+      { label: "call", cell: (r) => link(`#/call/${r.call_id}`, short(r.call_id), "mono") },
+      { label: "kind", cell: (r) => r.call_kind }, { label: "segment", cell: (r) => r.segment },
+      { label: "input tokens", cell: (r) => r.input_len }, { label: "policy", cell: (r) => r.policy_version },
+    ], seen.items, "no call saw this node (it is the last of its context)"),
+    el("h2", {}, `Logical trajectory ending here (${traj.n_tokens} tokens over ${traj.segments.length} segments)`),
+    el("div", { class: "pieces", id: "trajectory" }, traj.pieces.map((p) => el("span", {
+      class: `piece ${p.role}`, title: `${p.role}, segment ${p.segment}, tokens ${p.offset}–${p.offset + p.token_ids.length}`,
+    }, p.token_ids.join(" ")))),
+    traj.next_offset !== null ? el("p", { class: "muted" }, `first ${traj.limit} tokens shown`) : null);
 }
 
 async function pageCall(callId) {
