@@ -1,16 +1,30 @@
-"""REST API latency under load: tree of a 300-call execution and audit of a ~128K-token context.
+"""REST API under real use: distinct requests over >= 100 executions, cold (uncached) and warm caches apart.
 
-Loads several ~700K-token synthetic executions with forks and compaction segments into a fresh
-PostgreSQL database (≥ 1M tokens), serves the API with uvicorn (several workers), and drives it
-with wrk (a real HTTP load generator) at several concurrency levels. Reports p50/p90/p99 latency
-and requests/s per endpoint; the last stdout line is one JSON object.
+Loads ``--executions`` synthetic executions (forks, 3 compaction segments) into a fresh PostgreSQL
+database, serves them with ``sapwood serve`` (``--workers`` uvicorn workers) and drives it with wrk
+(a real HTTP load generator) at 1/4/16 connections. Every class of request cycles through its own
+list of distinct URLs (each wrk thread starts at another place in the list):
 
-    python scripts/services.py start && source .services/env      # or any PostgreSQL server
-    python bench/bench_api.py [--executions 3] [--workers 2] [--duration 10] [--keep]
+* ``tree``: ``/v1/executions/{id}/tree`` of every execution;
+* ``trajectory``: ``/v1/nodes/{leaf}/trajectory?limit=8192`` of every leaf;
+* ``audit``: ``/v1/calls/{id}/audit`` of ``--audits-per-execution`` different calls per execution;
+* ``audit_long``: audits of up to 100 different calls whose input is >= 64K tokens (in the
+  ``--long-executions`` 700K-token executions);
+* ``listing``: pages of ``/v1/executions`` (with and without filters) and ``/v1/executions/{id}/calls``,
+  each with the cursor of its real previous page.
 
-Needs ``wrk`` on PATH (Debian: ``apt-get install wrk``). The admin URL comes from ``--admin-url``,
-``SAPWOOD_BENCH_DATABASE_URL`` or ``SAPWOOD_TEST_DATABASE_URL``; the benchmark database is created
-there and dropped afterwards unless ``--keep`` (a kept database is reused by the next run).
+*Cold* is a server with the response cache off (every request rebuilds its answer from the store);
+*warm* is a server with the cache on, after one pass over every URL (wrk reports the hit ratio it saw:
+each worker keeps its own cache). The store's own reconstruction of the same audited contexts
+(``Store.reconstruct_input``, in-process, one at a time) is measured in the same run, so the audit
+target is a ratio measured side by side. Worker memory is the RSS of the uvicorn workers, idle and
+after the load. The last stdout line is one JSON object.
+
+    python bench/bench_api.py [--executions 100] [--calls 20] [--long-executions 2] [--workers 2] [--duration 6]
+
+Needs ``wrk`` (Debian: ``apt-get install wrk``) and PostgreSQL (``--admin-url``,
+``SAPWOOD_BENCH_DATABASE_URL`` or ``SAPWOOD_TEST_DATABASE_URL``; the database is dropped afterwards
+unless ``--keep``, and a kept one is reused).
 """
 
 from __future__ import annotations
@@ -18,8 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import socket
+import random
+import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,28 +43,55 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
+from rich.console import Console
+from rich.progress import Progress
 from sqlalchemy.engine import make_url
 
 from sapwood.api.auth import create_key
+from sapwood.api.cli import listen_socket
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 
 DB_NAME = "sapwood_bench_api"
-TARGET_P99_MS = 50.0
-AUDIT_CONTEXT = 128 * 1024
+TARGET_P99_MS_AT_16 = 150.0
+TARGET_AUDIT_VS_STORE = 2.0
+CLASSES = ("tree", "trajectory", "audit", "audit_long", "listing")
+LONG_CONTEXT = 64 * 1024  # audit_long: calls whose input is at least this many tokens
 
 WRK_SCRIPT = """
+local paths, counter = {}, 0
+hits, misses = 0, 0  -- globals: done() reads them from every thread
+setup = function(thread)
+  table.insert(threads, thread)
+  thread:set("tid", #threads)
+end
+threads = {}
+init = function(args)
+  for line in io.lines(args[1]) do paths[#paths + 1] = line end
+  counter = (tid - 1) * math.floor(#paths / 2)
+end
+request = function()
+  counter = counter + 1
+  return wrk.format("GET", paths[(counter % #paths) + 1])
+end
+response = function(status, headers, body)
+  local c = headers["X-Sapwood-Cache"] or headers["x-sapwood-cache"]
+  if c == "hit" then hits = hits + 1 elseif c == "miss" then misses = misses + 1 end
+end
 done = function(summary, latency, requests)
+  local h, m = 0, 0
+  for _, th in ipairs(threads) do h = h + th:get("hits"); m = m + th:get("misses") end
   io.write(string.format(
     '{"requests": %d, "duration_us": %d, "bytes": %d, "non_2xx": %d, "socket_errors": %d, '
-    .. '"p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d}\\n',
+    .. '"p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d, "hits": %d, "misses": %d}\\n',
     summary.requests, summary.duration, summary.bytes, summary.errors.status,
     summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max, h, m))
 end
 """
 
@@ -87,58 +129,109 @@ def prepare_database(admin_url: str, executions: int, keep: bool) -> tuple[str, 
     return url, False
 
 
-def load(url: str, executions: int) -> None:
+def load(url: str, executions: int, calls: int, long_executions: int) -> None:
+    """``executions`` small ones and ``long_executions`` of the 700K-token default shape (contexts to ~230K)."""
     store = Store.open(url)
-    for i in range(executions):
-        t0 = time.perf_counter()
-        w = synthetic_execution(SynthConfig(seed=100 + i), run_id="bench", task_id=f"bench-task-{i}")
-        tokens = store.apply(w.events).tokens
-        log(f"loaded execution {i + 1}/{executions}: {tokens:,} tokens in {time.perf_counter() - t0:.1f} s")
+    with Progress(console=Console(stderr=True)) as progress:
+        task = progress.add_task("loading executions", total=executions + long_executions)
+        for i in range(executions + long_executions):
+            cfg = SynthConfig(seed=100 + i, calls=calls, forks=3, fork_depth=2, segments=3,
+                              status="timeout" if i % 4 == 3 else "success")
+            if i >= executions:
+                cfg = SynthConfig(seed=100 + i)
+            store.apply(synthetic_execution(cfg, run_id="bench", task_id=f"task-{i % 10}").events)
+            progress.advance(task)
     store.close()
 
 
-def pick_targets(url: str) -> dict[str, Any]:
-    """A 300-call execution for the tree, and the call whose input is closest to 128K tokens for the audit."""
-    store = Store.open(url)
+def url_lists(url: str, base: str, key: str, audits_per_execution: int, seed: int = 0) -> dict[str, list[str]]:
+    """The distinct URLs of each request class (listings with their real cursors)."""
+    rng = random.Random(seed)
+    store = Store.open(url, migrate=False)
     with store.transaction() as conn:
-        e = t.executions.c
-        ex = conn.execute(sa.select(e.execution_id, e.n_calls, e.n_nodes, e.n_tokens).order_by(e.started_at)).first()
-        c = t.calls.c
-        call = conn.execute(sa.select(c.call_id, c.input_len)
-                            .order_by(sa.func.abs(c.input_len - AUDIT_CONTEXT)).limit(1)).first()
-        key, _ = create_key(conn, "bench", "read")
-    stats = store.stats()
+        e, c, n = t.executions.c, t.calls.c, t.nodes.c
+        eids = [r[0] for r in conn.execute(sa.select(e.execution_id).order_by(e.started_at))]
+        leaves = [r[0] for r in conn.execute(sa.select(n.node_id).where(n.is_leaf.is_(True)))]
+        calls_by_ex: dict[str, list[str]] = {}
+        long_calls = []
+        for cid, eid, n_in in conn.execute(sa.select(c.call_id, c.execution_id, c.input_len)):
+            if n_in >= LONG_CONTEXT:
+                long_calls.append(cid)
+            else:
+                calls_by_ex.setdefault(eid, []).append(cid)
     store.close()
-    assert ex is not None and call is not None
-    return {"execution_id": ex.execution_id, "n_calls": ex.n_calls, "n_nodes": ex.n_nodes,
-            "call_id": call.call_id, "input_len": call.input_len, "key": key, "stats": stats}
+    audits = [cid for eid in eids if eid in calls_by_ex
+              for cid in rng.sample(calls_by_ex[eid], min(audits_per_execution, len(calls_by_ex[eid])))]
+    listing: list[str] = []
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+        starts = ["/v1/executions?limit=20", "/v1/executions?limit=20&status=success&order=asc",
+                  "/v1/executions?limit=10&task_id=task-3", *(f"/v1/executions/{eid}/calls?limit=10"
+                                                              for eid in eids[:: max(1, len(eids) // 20)])]
+        for start in starts:
+            path: str | None = start
+            for _ in range(5):  # up to 5 pages of each listing
+                assert path is not None
+                listing.append(path)
+                cursor = http.get(path).raise_for_status().json()["next_cursor"]
+                if cursor is None:
+                    break
+                path = start + "&cursor=" + cursor
+    out = {"tree": [f"/v1/executions/{x}/tree" for x in eids],
+           "trajectory": [f"/v1/nodes/{x}/trajectory?limit=8192" for x in leaves],
+           "audit": [f"/v1/calls/{x}/audit" for x in audits],
+           "audit_long": [f"/v1/calls/{x}/audit" for x in rng.sample(long_calls, min(100, len(long_calls)))],
+           "listing": listing}
+    for paths in out.values():
+        rng.shuffle(paths)
+    return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def store_reconstruction_ms(url: str, call_ids: list[str]) -> list[float]:
+    """In-process time of ``Store.reconstruct_input`` for each call (the store's own rebuild of the context)."""
+    store = Store.open(url, migrate=False)
+    store.reconstruct_input(call_ids[0])  # connect
+    out = []
+    for cid in call_ids:
+        t0 = time.perf_counter()
+        store.reconstruct_input(cid)
+        out.append((time.perf_counter() - t0) * 1000)
+    store.close()
+    return out
 
 
 class Server:
     """``sapwood serve`` (uvicorn workers) in a child process."""
 
     def __init__(self, url: str, workers: int, env: dict[str, str]) -> None:
-        self.port = free_port()
+        sock = listen_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        sock.close()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-c", "from sapwood.platform.cli import main; main()", "serve", "--no-migrate",
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--log-level", "warning"]
         self.proc = subprocess.Popen(cmd, env={**os.environ, "SAPWOOD_DATABASE_URL": url, **env})
-        deadline = time.monotonic() + 60
+        self.workers = workers
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200 and len(self._workers()) >= workers:
+                    time.sleep(1.0)
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError("the API server did not become healthy within 60 s")
+        raise RuntimeError("the API server did not become healthy within 90 s")
+
+    def _workers(self) -> list[psutil.Process]:
+        main = psutil.Process(self.proc.pid)
+        if self.workers == 1:
+            return [main]
+        return [p for p in main.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+
+    def worker_rss_mb(self) -> list[float]:
+        return sorted(round(p.memory_info().rss / 2**20, 1) for p in self._workers())
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -149,127 +242,131 @@ class Server:
             self.proc.wait()
 
 
-def timed_get(url: str, headers: dict[str, str]) -> tuple[float, httpx.Response]:
-    t0 = time.perf_counter()
-    r = httpx.get(url, headers=headers, timeout=60)
-    return (time.perf_counter() - t0) * 1000, r
-
-
-def wrk(url: str, key: str, connections: int, duration: int, script: Path) -> dict[str, Any]:
+def wrk(base: str, key: str, paths_file: Path, connections: int, duration: float, script: Path) -> dict[str, Any]:
     threads = max(1, min(connections, 2))
-    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration}s", "--timeout", "10s",
-           "-H", f"Authorization: Bearer {key}", "-s", str(script), url]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    raw = json.loads(out.strip().splitlines()[-1])
+    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(duration))}s", "--timeout", "10s",
+           "-H", f"Authorization: Bearer {key}", "-s", str(script), base, "--", str(paths_file)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr[-2000:]}{done.stdout[-2000:]}")
+    raw = json.loads(done.stdout.strip().splitlines()[-1])
     seconds = raw["duration_us"] / 1e6
+    answered = raw["hits"] + raw["misses"]
     return {
-        "concurrency": connections,
-        "requests": raw["requests"],
-        "requests_per_s": round(raw["requests"] / seconds, 1),
-        "p50_ms": round(raw["p50_us"] / 1000, 2),
-        "p90_ms": round(raw["p90_us"] / 1000, 2),
-        "p99_ms": round(raw["p99_us"] / 1000, 2),
-        "max_ms": round(raw["max_us"] / 1000, 2),
-        "mb_per_s": round(raw["bytes"] / seconds / 1e6, 1),
-        "non_2xx": raw["non_2xx"],
+        "clients": connections, "requests": raw["requests"], "requests_per_s": round(raw["requests"] / seconds, 1),
+        "p50_ms": round(raw["p50_us"] / 1000, 2), "p90_ms": round(raw["p90_us"] / 1000, 2),
+        "p99_ms": round(raw["p99_us"] / 1000, 2), "max_ms": round(raw["max_us"] / 1000, 2),
+        "mb_per_s": round(raw["bytes"] / seconds / 1e6, 1), "non_2xx": raw["non_2xx"],
         "socket_errors": raw["socket_errors"],
+        "cache_hit_ratio": round(raw["hits"] / answered, 3) if answered else None,
     }
 
 
-def run_endpoints(server: Server, endpoints: dict[str, str], key: str, levels: list[int], duration: int,
-                  script: Path) -> dict[str, list[dict[str, Any]]]:
-    headers = {"Authorization": f"Bearer {key}"}
+def run_classes(server: Server, key: str, files: dict[str, Path], levels: list[int], duration: float,
+                script: Path, label: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    for name, path in endpoints.items():
-        for _ in range(16):  # warm every worker (connection pools, caches)
-            r = httpx.get(server.base + path, headers=headers, timeout=60)
-            r.raise_for_status()
+    for name, path in files.items():
         out[name] = []
         for c in levels:
-            res = wrk(server.base + path, key, c, duration, script)
-            log(f"{name:>12} c={c:<3} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
-                f"{res['requests_per_s']:8.1f} req/s  {res['mb_per_s']:6.1f} MB/s  non-2xx {res['non_2xx']}")
+            res = wrk(server.base, key, path, c, duration, script)
+            log(f"{label:>5} {name:>10} c={c:<3} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
+                f"{res['requests_per_s']:7.1f} req/s  hits {res['cache_hit_ratio']}  non-2xx {res['non_2xx']}")
             out[name].append(res)
     return out
+
+
+def warm_up(server: Server, key: str, files: dict[str, Path], script: Path, passes: int) -> None:
+    """Request every URL ``passes`` times over 8 connections (so both workers' caches see most of them)."""
+    for path in files.values():
+        n = len(path.read_text().splitlines())
+        probe = wrk(server.base, key, path, 8, 1, script)
+        seconds = max(1.0, min(30.0, passes * n / max(probe["requests_per_s"], 1.0)))
+        wrk(server.base, key, path, 8, seconds, script)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--admin-url", default=os.environ.get("SAPWOOD_BENCH_DATABASE_URL")
                    or os.environ.get("SAPWOOD_TEST_DATABASE_URL"))
-    p.add_argument("--executions", type=int, default=3, help="~700K-token executions to store")
+    p.add_argument("--executions", type=int, default=100)
+    p.add_argument("--calls", type=int, default=20, help="model calls per execution's main path")
+    p.add_argument("--long-executions", type=int, default=2,
+                   help="extra 700K-token executions, whose contexts of >= 64K tokens make the audit_long class")
+    p.add_argument("--threads", type=int, default=None, help="SAPWOOD_API_THREADS of the workers")
+    p.add_argument("--audits-per-execution", type=int, default=5)
     p.add_argument("--workers", type=int, default=2, help="uvicorn workers")
-    p.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    p.add_argument("--duration", type=float, default=6, help="seconds per wrk run")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
-    p.add_argument("--uncached", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure with the response cache off (SAPWOOD_API_CACHE_BYTES=0)")
-    p.add_argument("--only", default="", help="comma-separated subset of tree,audit,audit_binary,tree_summary")
+    p.add_argument("--only", default="", help=f"comma-separated subset of {','.join(CLASSES)}")
     p.add_argument("--keep", action="store_true", help="keep (and reuse) the benchmark database")
     args = p.parse_args()
     if not args.admin_url:
         sys.exit("no PostgreSQL: pass --admin-url or set SAPWOOD_TEST_DATABASE_URL (python scripts/services.py start)")
-    if shutil.which("wrk") is None:
-        sys.exit("wrk is not installed (Debian/Ubuntu: apt-get install wrk)")
     levels = [int(x) for x in args.concurrency.split(",")]
+    classes = [c for c in CLASSES if not args.only or c in args.only.split(",")]
 
     url, reused = prepare_database(args.admin_url, args.executions, args.keep)
     if not reused:
-        load(url, args.executions)
-    target = pick_targets(url)
-    stats = target["stats"]
-    log(f"store: {stats['tree_tokens']:,} tree tokens, {stats['calls']} calls, {stats['nodes']} nodes; tree of "
-        f"{target['n_calls']} calls / {target['n_nodes']} nodes; audit of a {target['input_len']:,}-token input")
-    key = target["key"]
-    eid, cid = target["execution_id"], target["call_id"]
-    endpoints = {
-        "tree": f"/v1/executions/{eid}/tree",
-        "audit": f"/v1/calls/{cid}/audit",
-        "audit_binary": f"/v1/calls/{cid}/input.bin",
-        "tree_summary": f"/v1/executions/{eid}/tree/summary",
-    }
-    if args.only:
-        endpoints = {k: v for k, v in endpoints.items() if k in args.only.split(",")}
-    headers = {"Authorization": f"Bearer {key}"}
+        load(url, args.executions, args.calls, args.long_executions)
+    store = Store.open(url, migrate=False)
+    with store.transaction() as conn:
+        key, _ = create_key(conn, "bench", "read")
+    stats = store.stats()
+    store.close()
+    log(f"store: {stats['executions']} executions, {stats['tree_tokens']:,} tree tokens, {stats['calls']} calls")
     result: dict[str, Any] = {
-        "benchmark": "api",
-        "tokens_stored": stats["tree_tokens"],
-        "executions": args.executions,
-        "tree": {"execution_id": eid, "calls": target["n_calls"], "nodes": target["n_nodes"]},
-        "audit": {"call_id": cid, "input_tokens": target["input_len"]},
-        "workers": args.workers,
-        "duration_s": args.duration,
-        "cpus": os.cpu_count(),
+        "benchmark": "api", "executions": sum(stats["executions"].values()), "tokens_stored": stats["tree_tokens"],
+        "calls": stats["calls"], "workers": args.workers, "duration_s": args.duration, "cpus": os.cpu_count(),
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
+    if args.threads:
+        os.environ["SAPWOOD_API_THREADS"] = str(args.threads)
+    # one cursor secret for both servers: the listing URLs carry cursors the first server signed
+    os.environ.setdefault("SAPWOOD_API_CURSOR_SECRET", secrets.token_urlsafe(32))
     with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "report.lua"
+        script = Path(tmp) / "cycle.lua"
         script.write_text(WRK_SCRIPT)
-        server = Server(url, args.workers, {})
+        cold_server = Server(url, args.workers, {"SAPWOOD_API_CACHE_BYTES": "0"})
         try:
-            cold = {name: round(timed_get(server.base + path, headers)[0], 1) for name, path in endpoints.items()}
-            if "audit" in endpoints:
-                audit = httpx.get(server.base + endpoints["audit"], headers=headers, timeout=60)
-                result["audit"].update(verified=audit.json()["verified"], response_bytes=len(audit.content))
-            if "tree" in endpoints:
-                tree = httpx.get(server.base + endpoints["tree"], headers=headers, timeout=60)
-                result["tree"].update(response_nodes=len(tree.json()["nodes"]), response_bytes=len(tree.content))
-            result["first_request_ms"] = cold
-            result["cached"] = run_endpoints(server, endpoints, key, levels, args.duration, script)
+            result["worker_rss_mb_idle"] = cold_server.worker_rss_mb()
+            urls = url_lists(url, cold_server.base, key, args.audits_per_execution)
+            result["distinct_urls"] = {k: len(v) for k, v in urls.items()}
+            files = {}
+            for name in classes:
+                files[name] = Path(tmp) / f"{name}.txt"
+                files[name].write_text("\n".join(urls[name]) + "\n")
+            result["store_reconstruct_ms"] = {}
+            for name in ("audit", "audit_long"):
+                store_ms = store_reconstruction_ms(url, [u.split("/")[3] for u in urls[name][:200]])
+                result["store_reconstruct_ms"][name] = {
+                    "p50": round(statistics.median(store_ms), 2),
+                    "p99": round(sorted(store_ms)[int(0.99 * (len(store_ms) - 1))], 2), "calls": len(store_ms)}
+            result["cold"] = run_classes(cold_server, key, files, levels, args.duration, script, "cold")
+            result["worker_rss_mb_after_cold"] = cold_server.worker_rss_mb()
         finally:
-            server.stop()
-        if args.uncached:
-            server = Server(url, args.workers, {"SAPWOOD_API_CACHE_BYTES": "0"})
-            try:
-                subset = {k: endpoints[k] for k in ("tree", "audit") if k in endpoints}
-                result["uncached"] = run_endpoints(server, subset, key, levels, args.duration, script)
-            finally:
-                server.stop()
-    at16 = {name: next((r for r in runs if r["concurrency"] == 16), None) for name, runs in result["cached"].items()}
-    result["targets"] = {
-        f"{name}_p99_ms_at_16": {"value": r["p99_ms"], "target": TARGET_P99_MS, "met": r["p99_ms"] <= TARGET_P99_MS}
-        for name, r in at16.items() if r is not None and name in ("tree", "audit")
-    }
-    result["all_targets_met"] = all(v["met"] for v in result["targets"].values())
+            cold_server.stop()
+        warm_server = Server(url, args.workers, {})
+        try:
+            warm_up(warm_server, key, files, script, passes=3)
+            result["warm"] = run_classes(warm_server, key, files, levels, args.duration, script, "warm")
+            result["worker_rss_mb_after_warm"] = warm_server.worker_rss_mb()
+        finally:
+            warm_server.stop()
+    targets: dict[str, Any] = {}
+    for name in ("audit", "audit_long"):
+        if name in result["cold"]:
+            first = next(r for r in result["cold"][name] if r["clients"] == levels[0])
+            ratio = first["p50_ms"] / result["store_reconstruct_ms"][name]["p50"]
+            targets[f"cold_{name}_p50_vs_store"] = {"value": round(ratio, 2), "target": TARGET_AUDIT_VS_STORE,
+                                                    "met": ratio <= TARGET_AUDIT_VS_STORE}
+    for phase in ("cold", "warm"):
+        for name in ("tree", "audit", "audit_long"):
+            at16 = next((r for r in result[phase].get(name, []) if r["clients"] == 16), None)
+            if at16:
+                targets[f"{phase}_{name}_p99_ms_at_16"] = {"value": at16["p99_ms"], "target": TARGET_P99_MS_AT_16,
+                                                           "met": at16["p99_ms"] <= TARGET_P99_MS_AT_16}
+    result["targets"] = targets
+    result["all_targets_met"] = all(v["met"] for v in targets.values())
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     if not args.keep:
         with psycopg.connect(**admin_kwargs(args.admin_url)) as conn:

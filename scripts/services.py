@@ -3,7 +3,7 @@
 
 Usage::
 
-    python scripts/services.py install   # PostgreSQL binaries, Kafka broker jars (idempotent)
+    python scripts/services.py install   # PostgreSQL binaries, Kafka broker jars, Chromium (idempotent)
     python scripts/services.py start     # start both, wait until they really answer
     python scripts/services.py env       # print the `export` lines for the tests
     python scripts/services.py status    # what is running (exit 1 if something is down)
@@ -715,10 +715,25 @@ def restart_kafka_process(kafka: dict[str, Any]) -> int:
 # --------------------------------------------------------------------------- commands
 
 
+def install_chromium() -> str:
+    """Headless Chromium for the web viewer's browser tests (Debian's ``chromium`` package)."""
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            _log(f"Chromium present: {found}")
+            return found
+    _apt_install("chromium")
+    found = shutil.which("chromium")
+    if found is None:
+        raise ServiceError("chromium installed but not on PATH")
+    return found
+
+
 def cmd_install() -> None:
     t0 = time.monotonic()
     install_postgres()
     install_kafka()
+    install_chromium()
     _log(f"install done in {time.monotonic() - t0:.1f}s")
 
 

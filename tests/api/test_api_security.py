@@ -18,7 +18,7 @@ from sapwood.platform.errors import StoreError
 from sapwood.platform.store import Store
 
 #: Routes that answer without a key. Everything else must refuse requests without the right scope.
-PUBLIC = {"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect"}
+PUBLIC = {"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/ui", "/ui/features.json"}
 BODIES: dict[str, dict[str, Any]] = {
     "/v1/runs": {"run_id": "matrix-run"},
     "/v1/executions/{execution_id}/scores": {"score": 0.5},

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from sapwood.api import ApiSettings, CharTokenizer
 from sapwood.api.auth import parse_scopes, split_key
 from sapwood.api.cache import ResponseCache
 from sapwood.api.errors import AuthenticationError
-from sapwood.api.queries.cursors import decode_cursor, encode_cursor
+from sapwood.api.queries.cursors import INT64_MAX, MAC_BYTES, Cursors
 from sapwood.api.tokenizer import load_tokenizer
 from sapwood.platform.errors import ValidationError
 
@@ -23,15 +25,37 @@ def test_cors_origins_from_a_comma_separated_setting(value: str, expected: list[
 
 
 def test_cursors_round_trip_and_reject_tampering() -> None:
-    c = encode_cursor("executions-desc", 1796071199.079911, "3339b57a-e6e2-4b45-8503-4e0770fe6d48")
-    assert decode_cursor(c, "executions-desc", (float, str)) == [1796071199.079911,
-                                                                 "3339b57a-e6e2-4b45-8503-4e0770fe6d48"]
-    bad_cursors = ("", "!!!", c[:-3], encode_cursor("executions-asc", 1.0, "x"),
-                   encode_cursor("executions-desc", "1", "x"), encode_cursor("executions-desc", 1.0),
-                   encode_cursor("executions-desc", True, "x"))
+    cursors = Cursors("secret-a")
+    c = cursors.encode("executions-desc", 1796071199.079911, "3339b57a-e6e2-4b45-8503-4e0770fe6d48")
+    assert cursors.decode(c, "executions-desc", (float, str)) == [1796071199.079911,
+                                                                  "3339b57a-e6e2-4b45-8503-4e0770fe6d48"]
+    raw = base64.urlsafe_b64decode(c + "=" * (-len(c) % 4))
+    edited = raw[:MAC_BYTES] + raw[MAC_BYTES:].replace(b"1796", b"1797")  # same MAC, edited position
+    bad_cursors = ("", "!!!", c[:-3], cursors.encode("executions-asc", 1.0, "x"),
+                   cursors.encode("executions-desc", "1", "x"), cursors.encode("executions-desc", 1.0),
+                   cursors.encode("executions-desc", True, "x"),
+                   cursors.encode("executions-desc", 1e308 * 10, "x"),  # inf
+                   base64.urlsafe_b64encode(edited).decode().rstrip("="),
+                   Cursors("secret-b").encode("executions-desc", 1.0, "x"))  # another server's secret
     for bad in bad_cursors:
         with pytest.raises(ValidationError, match="cursor"):
-            decode_cursor(bad, "executions-desc", (float, str))
+            cursors.decode(bad, "executions-desc", (float, str))
+
+
+@pytest.mark.parametrize("value", [INT64_MAX + 1, -(2**63) - 1, 10**40])
+def test_signed_cursor_integers_are_range_checked(value: int) -> None:
+    """Even a correctly signed cursor (a leaked secret) cannot carry an integer the store cannot compare."""
+    cursors = Cursors("s")
+    assert cursors.decode(cursors.encode("calls:e", INT64_MAX), "calls:e", (int,)) == [INT64_MAX]
+    with pytest.raises(ValidationError, match="cursor"):
+        cursors.decode(cursors.encode("calls:e", value), "calls:e", (int,))
+
+
+def test_cursors_are_bound_to_their_resource() -> None:
+    cursors = Cursors("s")
+    c = cursors.encode("calls:execution-1", 5)
+    with pytest.raises(ValidationError, match="cursor"):
+        cursors.decode(c, "calls:execution-2", (int,))
 
 
 def test_response_cache_is_bounded_by_bytes() -> None:

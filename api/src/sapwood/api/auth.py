@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from sapwood.api.errors import AuthenticationError, PermissionDeniedError
 from sapwood.platform import schema as t
-from sapwood.platform.errors import UnknownParentError, ValidationError
+from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
 from sapwood.platform.store import translate_errors
 
 SCOPES = ("read", "write", "admin")
@@ -81,10 +81,23 @@ def list_keys(conn: Connection) -> list[dict[str, Any]]:
 
 
 def revoke_key(conn: Connection, key_id: str) -> dict[str, Any]:
-    """Mark ``key_id`` revoked; return its record."""
-    row = conn.execute(sa.select(t.api_keys).where(t.api_keys.c.key_id == key_id)).mappings().first()
+    """Mark ``key_id`` revoked; return its record. The last active ``admin`` key cannot be revoked
+    (:class:`ConflictError`): create another admin key first, so key management stays reachable.
+
+    The active keys are read ``FOR UPDATE`` on PostgreSQL (on SQLite the API's write transaction
+    holds the database's write lock), so two admins revoking each other cannot both succeed.
+    """
+    k = t.api_keys.c
+    active = sa.select(k.key_id, k.scopes).where(k.revoked == sa.false())
+    if conn.dialect.name == "postgresql":
+        active = active.with_for_update()
+    admins = {r.key_id for r in conn.execute(active) if "admin" in r.scopes.split()}
+    row = conn.execute(sa.select(t.api_keys).where(k.key_id == key_id)).mappings().first()
     if row is None:
         raise UnknownParentError(f"API key {key_id!r} does not exist")
+    if admins == {key_id}:
+        raise ConflictError(f"API key {key_id} is the last active admin key; create another admin key "
+                            "before revoking it")
     conn.execute(t.api_keys.update().where(t.api_keys.c.key_id == key_id).values(revoked=True))
     return {**public_record(row), "revoked": True}
 
@@ -128,7 +141,7 @@ class KeyVerifier:
 
     def lookup(self, key_id: str) -> KeyRecord | None:
         """Read ``key_id`` from the store (blocking) and cache the result."""
-        with translate_errors(), self.engine.connect() as conn:
+        with translate_errors(), self.engine.begin() as conn:  # COMMIT keeps psycopg's prepared statements
             row = conn.execute(sa.select(t.api_keys).where(t.api_keys.c.key_id == key_id)).mappings().first()
         record = None if row is None else KeyRecord(bytes(row["secret_hash"]), row["name"],
                                                     frozenset(row["scopes"].split()), bool(row["revoked"]))

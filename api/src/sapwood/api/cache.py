@@ -3,11 +3,13 @@
 Only immutable results are cached: an audit (model calls and spans never change once
 stored) and a tree keyed by its execution's ``last_seq`` (every change to an execution —
 new node, fork, finish, score revision — is an event that bumps ``last_seq``), so an entry
-can never be stale. One cache per worker process.
+can never be stale. One cache per worker process; concurrent misses on one key are merged
+(``inflight``, used on the event loop by :func:`sapwood.api.routes.cached`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -30,6 +32,8 @@ class ResponseCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        #: key → the build in progress (its future), so concurrent misses wait for one build.
+        self.inflight: dict[Hashable, asyncio.Future[Cached]] = {}
 
     def get(self, key: Hashable) -> Cached | None:
         with self._lock:

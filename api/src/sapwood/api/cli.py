@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import secrets
 import socket
 import time
 from typing import TYPE_CHECKING, Annotated, Any
@@ -45,6 +46,8 @@ def serve(
 
     if database_url:
         os.environ["SAPWOOD_DATABASE_URL"] = database_url  # the workers build their app from the environment
+    if not os.environ.get("SAPWOOD_API_CURSOR_SECRET"):  # one secret for every worker: cursors work on any of them
+        os.environ["SAPWOOD_API_CURSOR_SECRET"] = secrets.token_urlsafe(32)
     settings = ApiSettings()
     if migrate:
         _migrate(settings.database_url)
@@ -53,6 +56,10 @@ def serve(
     extra: dict[str, Any] = {}
     if "timeout_worker_healthcheck" in inspect.signature(uvicorn.run).parameters:
         extra["timeout_worker_healthcheck"] = 60  # a busy machine can take longer than the 5 s default to import
+    # h11 (when selected) buffers at most this much of an incomplete request head; with httptools the
+    # app's HeaderLimitMiddleware answers 431 above SAPWOOD_API_MAX_HEADER_BYTES.
+    extra["h11_max_incomplete_event_size"] = settings.api_max_header_bytes
+    typer.echo(f"web viewer: http://{host or settings.api_host}:{sock.getsockname()[1]}/ui/", err=True)
     uvicorn.run("sapwood.api.main:create_app", factory=True, fd=sock.fileno(),
                 workers=workers or settings.api_workers, log_level=log_level, access_log=log_level == "debug", **extra)
 

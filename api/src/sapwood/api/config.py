@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from sapwood.platform.settings import Settings
@@ -21,6 +21,10 @@ class ApiSettings(Settings):
         description="origins allowed by CORS, comma-separated; empty (default) = no cross-origin access",
     )
     api_max_body_bytes: int = Field(default=1 << 20, ge=1, description="larger request bodies get 413")
+    api_max_header_bytes: int = Field(default=32 * 1024, ge=1024, description="larger request headers (all of them "
+                                      "together, names and values) get 431")
+    api_cursor_secret: SecretStr = Field(default=SecretStr(""), description="HMAC key signing pagination cursors; "
+                                         "empty = random per process (`sapwood serve` makes one for its workers)")
     api_max_page_size: int = Field(default=1000, ge=1, le=10_000, description="largest `limit` of a list page")
     api_tree_max_nodes: int = Field(default=20_000, ge=1, description="most nodes one tree response may hold")
     api_max_token_page: int = Field(default=65_536, ge=1, description="most tokens one trajectory/node page holds")
@@ -29,6 +33,8 @@ class ApiSettings(Settings):
     api_key_cache_s: float = Field(
         default=5.0, ge=0, description="seconds a looked-up API key is reused (revocation delay across workers)"
     )
+    api_threads: int = Field(default=40, ge=1, le=1000, description="threads per worker running blocking "
+                             "request work (store reads); fewer queue requests instead of sharing the GIL")
     api_db_pool_size: int = Field(default=16, ge=1, description="PostgreSQL connections each worker keeps open")
     api_db_max_overflow: int = Field(default=8, ge=0, description="extra short-lived connections under bursts")
     api_version_push: bool = Field(

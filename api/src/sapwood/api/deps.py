@@ -16,6 +16,7 @@ from sapwood.api.auth import KeyVerifier, Principal, split_key
 from sapwood.api.cache import ResponseCache
 from sapwood.api.config import ApiSettings
 from sapwood.api.errors import AuthenticationError
+from sapwood.api.queries.cursors import Cursors
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.queries.trees import PathCache
 from sapwood.api.schemas import NO_NUL
@@ -38,12 +39,20 @@ class Services:
     lag: LagReader
     versions: VersionReader
     paths: PathCache
+    cursors: Cursors
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
-        """A connection for reads (rolled back on exit); driver errors are translated."""
+        """A connection for reads; driver errors are translated.
+
+        The read transaction ends with COMMIT, not ROLLBACK: psycopg drops its prepared statements on
+        a rollback, so every request would parse and plan its statements again (measured: an audit's
+        two statements took 1.6 ms with the rollback, 0.8 ms with the commit). On an error it is
+        rolled back.
+        """
         with translate_errors(), self.store.engine.connect() as conn:
             yield conn
+            conn.commit()
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[Connection]:
@@ -52,11 +61,19 @@ class Services:
             if conn.dialect.name == "postgresql":
                 conn = conn.execution_options(isolation_level="REPEATABLE READ")
             yield conn
+            conn.commit()  # see read()
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
-        """A transaction, committed on success."""
+        """A transaction, committed on success.
+
+        On SQLite it starts with ``BEGIN IMMEDIATE``: the write lock is taken before the first read,
+        so read-then-write transactions (next score revision, last admin key) are serialized across
+        threads and worker processes, as row locks serialize them on PostgreSQL.
+        """
         with translate_errors(), self.store.engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
             yield conn
 
 

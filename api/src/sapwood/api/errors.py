@@ -7,7 +7,8 @@
 Status mapping (first match wins): UnknownParentError → 404, ValidationError → 422,
 ConflictError → 409, StoreUnavailableError → 503, any other error → 500 with a generic
 message. Driver errors are translated with the platform's ``translate_errors`` first.
-Stack traces are logged, never returned.
+Stack traces are logged, never returned, and so is a driver's text (constraint names, key values):
+a conflict raised by the database answers a generic 409 message.
 """
 
 from __future__ import annotations
@@ -77,11 +78,24 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return JSONResponse(error_body(code, message, **extra), status_code=status, headers=headers)
 
 
+DRIVER_CONFLICT = ("the request conflicts with a concurrent write (an id or revision was taken meanwhile); "
+                   "read the current state and retry")
+
+
+def from_driver(exc: BaseException) -> bool:
+    """Whether ``exc`` was translated from a database driver's error (its text is not for clients)."""
+    cause = exc.__cause__
+    return isinstance(cause, sa_exc.SQLAlchemyError) or type(cause).__module__.startswith("psycopg")
+
+
 def sapwood_error_response(exc: SapwoodError) -> JSONResponse:
     for cls, status, code in ERROR_STATUS:
         if isinstance(exc, cls):
             if status == 503:
                 return error_response(status, code, _unavailable_message(exc), headers={"Retry-After": "1"})
+            if from_driver(exc):
+                log.warning("driver error answered as %d: %s", status, exc)
+                return error_response(status, code, DRIVER_CONFLICT if status == 409 else "invalid request")
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             return error_response(status, code, str(exc), headers=headers)
     log.error("store or internal error", exc_info=exc)

@@ -1,11 +1,13 @@
-"""ASGI middleware: reject request bodies larger than the configured limit with 413."""
+"""ASGI middleware: body and header size limits (413, 431), path-only redirects, complete ``Allow`` headers."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sapwood.api.errors import error_body
@@ -70,3 +72,98 @@ async def _reply(send: Send, status: int, code: str, message: str) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+class HeaderLimitMiddleware:
+    """431 when the request's headers (names and values together) exceed ``max_bytes``.
+
+    uvicorn's default HTTP parser (httptools) accepts headers of any size; this bounds what
+    reaches the routes (and ``sapwood serve`` also caps h11's incomplete-event buffer).
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
+            if size > self.max_bytes:
+                await _reply(send, 431, "headers_too_large", f"request headers of {size} bytes, at most "
+                             f"{self.max_bytes} (SAPWOOD_API_MAX_HEADER_BYTES)")
+                return
+        await self.app(scope, receive, send)
+
+
+class ResponseStartRewriter:
+    """Base of middleware that edits the status line's headers of HTTP responses (``rewrite``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def rewrite(self, scope: Scope, message: Message) -> None:
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def edited(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.rewrite(scope, message)
+            await send(message)
+
+        await self.app(scope, receive, edited)
+
+
+class RelativeRedirectMiddleware(ResponseStartRewriter):
+    """Rewrite absolute ``Location`` headers of the server's own redirects (trailing slash, ``/ui``)
+    to path-only ones: Starlette builds them from the request's ``Host`` header, which a client
+    (or anything between it and the server) controls."""
+
+    def rewrite(self, scope: Scope, message: Message) -> None:
+        if 300 <= message["status"] < 400:
+            message["headers"] = [(k, _path_only(v) if k.lower() == b"location" else v)
+                                  for k, v in message.get("headers", ())]
+
+
+def _path_only(location: bytes) -> bytes:
+    parts = urlsplit(location.decode("latin-1"))
+    path = "/" + parts.path.lstrip("/")  # never "//host": that would be protocol-relative
+    return (path + ("?" + parts.query if parts.query else "")).encode("latin-1")
+
+
+class AllowHeaderMiddleware(ResponseStartRewriter):
+    """A 405 lists in ``Allow`` every method of every route on that path (Starlette names only the first
+    route it tried, e.g. ``GET`` for ``/v1/runs`` although ``POST`` is served there too)."""
+
+    def rewrite(self, scope: Scope, message: Message) -> None:
+        if message["status"] == 405:
+            methods = _allowed_methods(scope)
+            if methods:
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"allow"]
+                message["headers"] = [*headers, (b"allow", ", ".join(methods).encode())]
+
+
+def _leaf_routes(routes: Any) -> Any:
+    """Every endpoint route, also those inside routers that FastAPI includes lazily."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _leaf_routes(inner.routes)
+        else:
+            yield route
+
+
+def _allowed_methods(scope: Scope) -> list[str]:
+    router = getattr(scope.get("app"), "router", None)
+    methods: set[str] = set()
+    for route in _leaf_routes(getattr(router, "routes", ())):
+        route_methods = getattr(route, "methods", None)
+        if not route_methods:
+            continue
+        match, _ = route.matches({**scope, "method": next(iter(route_methods))})
+        if match == Match.FULL:
+            methods |= set(route_methods)
+    return sorted(methods)

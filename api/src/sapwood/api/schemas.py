@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from typing_extensions import TypeAliasType
 
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.errors import ValidationError
+from sapwood.platform.runs import (
+    CONFIG_MAX_BYTES,
+    CONFIG_MAX_DEPTH,
+    JSON_NUMBER_MAX,
+    JSON_NUMBER_MIN,
+    RUN_ID_PATTERN,
+    ExecutionFilter,
+    JsonNumber,
+    NonNegativeInt32,
+    check_storable_json,
+)
 
 RoleName = Literal["prompt", "observation", "action", "summary"]
 #: Text without NUL characters (PostgreSQL text and JSONB cannot hold them).
 NO_NUL = r"^[^\x00]*$"
 ShortText = Annotated[str, StringConstraints(max_length=128, pattern=NO_NUL)]
-RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$")]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=RUN_ID_PATTERN)]
+FiniteFloat = Annotated[JsonNumber, Field(allow_inf_nan=False)]
 INT32_MAX = 2**31 - 1
 
 
@@ -92,20 +112,35 @@ class RunPage(_Out):
     next_cursor: str | None
 
 
-def _json_ok(value: Any, where: str) -> None:
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{where}: text must not contain NUL characters")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where}: numbers must be finite")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _json_ok(k, where)
-            _json_ok(v, where)
-    elif isinstance(value, list):
-        for v in value:
-            _json_ok(v, where)
+NoNulText = Annotated[str, StringConstraints(pattern=NO_NUL)]
+
+
+def _keys_without_nul(value: dict[str, Any]) -> dict[str, Any]:
+    if any("\x00" in k for k in value):
+        raise ValueError("object keys must not contain NUL characters")
+    return value
+
+
+#: An object whose keys have no NUL (``propertyNames`` in the schema; pydantic would write a key pattern
+#: as ``patternProperties``, which lets other keys through as additional properties).
+_NO_NUL_KEYS = Field(json_schema_extra={"propertyNames": {"pattern": NO_NUL}})
+#: A JSON value the store can hold and read back (text without NUL, numbers within ±2**63); a run's
+#: config is an object of them. Depth, size and lone surrogates are checked after parsing.
+if TYPE_CHECKING:  # mypy cannot follow a recursive TypeAliasType
+    JsonValue = Any
+else:
+    JsonValue = TypeAliasType("JsonValue", Union[  # noqa: UP007 (a recursive alias needs the Union form)
+        NoNulText,
+        Annotated[int, Field(ge=JSON_NUMBER_MIN, le=JSON_NUMBER_MAX)],
+        Annotated[float, Field(ge=JSON_NUMBER_MIN, le=JSON_NUMBER_MAX, allow_inf_nan=False)],
+        bool,
+        list["JsonValue"],
+        Annotated[dict[str, "JsonValue"], _NO_NUL_KEYS, AfterValidator(_keys_without_nul)],
+        None,
+    ])
+RunConfig = Annotated[dict[str, JsonValue], _NO_NUL_KEYS, AfterValidator(_keys_without_nul), Field(description=(
+    f"free-form run configuration (JSON object): at most {CONFIG_MAX_DEPTH} levels deep and {CONFIG_MAX_BYTES} "
+    "bytes of JSON, text without NUL or lone surrogates, numbers within ±2**63"))]
 
 
 class RunCreate(BaseModel):
@@ -113,16 +148,17 @@ class RunCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    run_id: RunId | None = Field(default=None, description="id of the new run; generated when omitted")
+    run_id: RunId | None = Field(default=None, description="id of the new run (1-128 of A-Z a-z 0-9 . _ : @ -, "
+                                                             "starting with a letter or digit); generated when omitted")
     kind: Literal["replay", "live"] = Field(
         default="replay",
         description="replay: snapshot the finished executions matching the filter, in a seed-fixed order; "
                     "live: keep following newly finished matching executions",
     )
     filter: ExecutionFilter = Field(default_factory=ExecutionFilter)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="fixes the order of a replay run")
+    seed: NonNegativeInt32 = Field(default=0, description="fixes the order of a replay run")
     description: Annotated[str, StringConstraints(max_length=2000, pattern=NO_NUL)] = ""
-    config: dict[str, Any] = Field(default_factory=dict, description="free-form run configuration (JSON object)")
+    config: RunConfig = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _storable(self) -> RunCreate:
@@ -130,10 +166,11 @@ class RunCreate(BaseModel):
             value = getattr(self.filter, name)
             if value is not None and value > INT32_MAX:
                 raise ValueError(f"filter.{name}: at most {INT32_MAX}")
-        _json_ok(self.config, "config")
-        _json_ok(self.filter.model_dump(), "filter")
-        if len(str(self.config)) > 20_000:
-            raise ValueError("config: at most 20000 characters")
+        try:  # everything the store will hold must read back: checked before anything is written
+            check_storable_json(self.config, "config")
+            check_storable_json(self.filter.model_dump(), "filter")
+        except ValidationError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
 
@@ -379,11 +416,13 @@ class ScoreCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     score: FiniteFloat
-    components: dict[ShortText, FiniteFloat] = Field(default_factory=dict, max_length=100)
+    components: Annotated[dict[ShortText, FiniteFloat], WithJsonSchema({
+        "type": "object", "maxProperties": 100, "propertyNames": {"maxLength": 128, "pattern": NO_NUL},
+        "additionalProperties": {"type": "number"}})] = Field(default_factory=dict, max_length=100)
     scorer: ShortText = "api"
     note: Annotated[str, StringConstraints(max_length=4000, pattern=NO_NUL)] = ""
-    expected_revision: int | None = Field(
-        default=None, ge=0, le=2**31 - 1,
+    expected_revision: NonNegativeInt32 | None = Field(
+        default=None,
         description="optimistic concurrency: fail with 409 unless this is the next revision number",
     )
 

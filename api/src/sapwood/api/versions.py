@@ -178,7 +178,7 @@ class VersionReader:
         self.map.learn(execution_id, seq, token)
 
     def _sync_version(self, execution_id: str) -> int:
-        with self.engine.connect() as conn:
+        with self.engine.begin() as conn:  # COMMIT, not ROLLBACK: psycopg keeps its prepared statements
             return execution_version(conn, execution_id)
 
     def _connect_kwargs(self, **extra: Any) -> dict[str, Any]:

@@ -11,11 +11,14 @@ done only by the learner that still holds it, so nothing is trained twice in a r
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -23,21 +26,51 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
 
 
+def _json_int(value: Any) -> Any:
+    """JSON's integers (``3``, ``3.0``), not booleans or numeric strings (pydantic's lax mode takes both)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("expected an integer")
+        return int(value)
+    return value
+
+
+def _json_number(value: Any) -> Any:
+    """JSON's numbers, not booleans or numeric strings."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected a number")
+    return value
+
+
+#: An integer / a number as JSON Schema means it (what the OpenAPI schema promises clients).
+JsonInt = Annotated[int, BeforeValidator(_json_int)]
+JsonNumber = Annotated[float, BeforeValidator(_json_number)]
+#: A non-negative int32 (policy versions, seeds, revisions) as a JSON integer.
+NonNegativeInt32 = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_json_int)]
+
+#: Text a filter matches: no NUL (PostgreSQL text cannot hold it), at most 256 characters.
+FilterText = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
+#: Numbers in a run's config: within ±2**63, so every backend and JSON reader stores them exactly.
+JSON_NUMBER_MIN, JSON_NUMBER_MAX = -(2**63), 2**63 - 1
+
+
 class ExecutionFilter(BaseModel):
     """Which executions a query or a run selects; every field is optional and they AND together."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    run_id: str | None = Field(default=None, description="executions recorded under this run id")
-    task_id: str | None = None
-    task_family: str | None = None
+    run_id: FilterText | None = Field(default=None, description="executions recorded under this run id")
+    task_id: FilterText | None = None
+    task_family: FilterText | None = None
     status: list[Literal["running", "success", "timeout", "error"]] | None = None
-    min_policy_version: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    max_policy_version: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    min_score: float | None = Field(default=None, description="on the reward, or the partial score if unrewarded")
-    max_score: float | None = None
-    started_after: float | None = Field(default=None, description="unix seconds")
-    started_before: float | None = None
+    min_policy_version: NonNegativeInt32 | None = None
+    max_policy_version: NonNegativeInt32 | None = None
+    min_score: JsonNumber | None = Field(default=None, description="on the reward, or the partial score if unrewarded")
+    max_score: JsonNumber | None = None
+    started_after: JsonNumber | None = Field(default=None, description="unix seconds")
+    started_before: JsonNumber | None = None
 
     def where(self) -> Any:
         """SQL condition on the ``executions`` table (bound parameters only)."""
@@ -69,6 +102,55 @@ class ExecutionFilter(BaseModel):
 
 FINISHED = ("success", "timeout", "error")
 
+#: Run ids: 1-128 characters of ``A-Z a-z 0-9 . _ : @ -``, starting with a letter or digit. No ``/``
+#: (an id must be one URL path segment: ``/v1/runs/{run_id}`` and ``/v1/runs/{run_id}/items``).
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+_RUN_ID_RE = re.compile(RUN_ID_PATTERN)
+#: Limits of a run's free-form ``config``: nesting depth and size of its JSON text.
+CONFIG_MAX_DEPTH = 32
+CONFIG_MAX_BYTES = 64 * 1024
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is in the safe alphabet (:data:`RUN_ID_PATTERN`), else :class:`ValidationError`."""
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
+        raise ValidationError(f"run id {run_id!r:.140} must be 1-128 characters of A-Z a-z 0-9 . _ : @ - "
+                              "starting with a letter or digit")
+    return run_id
+
+
+def check_storable_json(value: Any, where: str, *, max_depth: int = CONFIG_MAX_DEPTH,
+                        max_bytes: int = CONFIG_MAX_BYTES) -> None:
+    """Reject JSON that either backend could store but not read back (or not store at all).
+
+    Checked iteratively (no recursion limit to hit): nesting at most ``max_depth`` levels, strings
+    and keys without NUL or lone surrogates (PostgreSQL refuses them; SQLite stores text that no
+    UTF-8 reader decodes), finite numbers within ±2**63, and at most ``max_bytes`` of UTF-8 JSON text.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > max_depth:
+                raise ValidationError(f"{where}: nested deeper than {max_depth} levels")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise ValidationError(f"{where}: text must not contain NUL characters")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValidationError(f"{where}: text must be valid Unicode (no lone surrogates)") from None
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            if not (math.isfinite(item) and JSON_NUMBER_MIN <= item <= JSON_NUMBER_MAX):
+                raise ValidationError(f"{where}: numbers must be finite and within ±2**63")
+        elif item is not None and not isinstance(item, bool):
+            raise ValidationError(f"{where}: {type(item).__name__} is not a JSON value")
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > max_bytes:
+        raise ValidationError(f"{where}: {size} bytes of JSON, at most {max_bytes}")
+
 
 def _order_key(seed: int, execution_id: str) -> int:
     digest = hashlib.blake2b(f"{seed}:{execution_id}".encode(), digest_size=8).digest()
@@ -88,6 +170,9 @@ def create_run(
     """Create a run; a replay run snapshots the finished executions matching ``flt``. Returns items queued."""
     if kind not in ("live", "replay"):
         raise ValidationError(f"run kind must be 'live' or 'replay', got {kind!r}")
+    check_run_id(run_id)
+    check_storable_json(config or {}, "config")
+    check_storable_json(description, "description")
     exists = conn.execute(sa.select(t.runs.c.run_id).where(t.runs.c.run_id == run_id)).first()
     if exists:
         raise ConflictError(f"run {run_id!r} already exists")

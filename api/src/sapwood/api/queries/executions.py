@@ -8,7 +8,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.api.queries.cursors import check_uuid, decode_cursor, encode_cursor
+from sapwood.api.queries.cursors import Cursors, check_uuid
 from sapwood.api.queries.trees import execution_out
 from sapwood.platform import runs as platform_runs
 from sapwood.platform import schema as t
@@ -20,13 +20,13 @@ from sapwood.platform.runs import ExecutionFilter
 _e = t.executions.c
 
 
-def list_executions(conn: Connection, flt: ExecutionFilter, *, limit: int, cursor: str | None,
+def list_executions(conn: Connection, flt: ExecutionFilter, *, limit: int, cursor: str | None, cursors: Cursors,
                     order: Literal["asc", "desc"] = "desc") -> dict[str, Any]:
     """A page of executions matching ``flt``, keyset-paginated on (started_at, execution_id)."""
     q = sa.select(t.executions).where(flt.where())
     kind = f"executions-{order}"
     if cursor:
-        started, eid = decode_cursor(cursor, kind, (float, str))
+        started, eid = cursors.decode(cursor, kind, (float, str))
         eid = check_uuid(eid)
         if order == "desc":
             q = q.where(sa.or_(_e.started_at < started, sa.and_(_e.started_at == started, _e.execution_id < eid)))
@@ -42,7 +42,7 @@ def list_executions(conn: Connection, flt: ExecutionFilter, *, limit: int, curso
     last = rows[-1] if rows else None
     return {
         "items": [execution_out(r) for r in rows],
-        "next_cursor": encode_cursor(kind, float(last["started_at"]), last["execution_id"]) if more and last else None,
+        "next_cursor": cursors.encode(kind, float(last["started_at"]), last["execution_id"]) if more and last else None,
     }
 
 
@@ -88,18 +88,18 @@ def _runs_out(conn: Connection, run_ids: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def list_runs(conn: Connection, *, limit: int, cursor: str | None) -> dict[str, Any]:
+def list_runs(conn: Connection, *, limit: int, cursor: str | None, cursors: Cursors) -> dict[str, Any]:
     """Training runs and the run ids executions were recorded under, ordered by run id."""
     ids = sa.union(sa.select(t.runs.c.run_id.label("run_id")), sa.select(_e.run_id.label("run_id"))).subquery()
     q = sa.select(ids.c.run_id)
     if cursor:
-        (after,) = decode_cursor(cursor, "runs", (str,))
+        (after,) = cursors.decode(cursor, "runs", (str,))
         q = q.where(ids.c.run_id > after)
     run_ids = [r[0] for r in conn.execute(q.order_by(ids.c.run_id).limit(limit + 1))]
     more = len(run_ids) > limit
     run_ids = run_ids[:limit]
     return {"items": _runs_out(conn, run_ids),
-            "next_cursor": encode_cursor("runs", run_ids[-1]) if more else None}
+            "next_cursor": cursors.encode("runs", run_ids[-1]) if more else None}
 
 
 def get_run(conn: Connection, run_id: str) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def create_run(conn: Connection, *, run_id: str | None, kind: Literal["replay", 
     return {**get_run(conn, run_id), "queued": queued}
 
 
-def run_items(conn: Connection, run_id: str, *, limit: int, cursor: str | None) -> dict[str, Any]:
+def run_items(conn: Connection, run_id: str, *, limit: int, cursor: str | None, cursors: Cursors) -> dict[str, Any]:
     """A run's queue in its order (the order learners claim it in)."""
     platform_runs.get_run(conn, run_id)
     ri = t.run_items.c
@@ -125,7 +125,7 @@ def run_items(conn: Connection, run_id: str, *, limit: int, cursor: str | None) 
         ri.run_id == run_id)
     position = 0
     if cursor:
-        key, eid, position = decode_cursor(cursor, "items", (int, str, int))
+        key, eid, position = cursors.decode(cursor, f"items:{run_id}", (int, str, int))
         eid = check_uuid(eid)
         q = q.where(sa.or_(ri.order_key > key, sa.and_(ri.order_key == key, ri.execution_id > eid)))
     rows = conn.execute(q.order_by(ri.order_key, ri.execution_id).limit(limit + 1)).mappings().all()
@@ -134,7 +134,8 @@ def run_items(conn: Connection, run_id: str, *, limit: int, cursor: str | None) 
     items = [{"position": position + i, **dict(r)} for i, r in enumerate(rows)]
     nxt = None
     if more and rows:
-        nxt = encode_cursor("items", int(rows[-1]["order_key"]), rows[-1]["execution_id"], position + len(rows))
+        last = rows[-1]
+        nxt = cursors.encode(f"items:{run_id}", int(last["order_key"]), last["execution_id"], position + len(rows))
     return {"run_id": run_id, "items": items, "next_cursor": nxt}
 
 

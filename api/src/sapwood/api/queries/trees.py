@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from sapwood.api.cache import LRU
 from sapwood.platform import schema as t
-from sapwood.platform.errors import UnknownParentError, ValidationError
+from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.spans import load_spans, path_cte
 from sapwood.platform.tokens import unpack_logprobs, unpack_tokens
 
@@ -331,8 +331,6 @@ def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
                       .select_from(t.nodes.join(t.executions, e.execution_id == _n.execution_id))
                       .where(_n.node_id == node_id)).first()
     n_tokens = path[-1].offset + path[-1].length
-    if offset > n_tokens:
-        raise ValidationError(f"offset {offset} is past the trajectory's end ({n_tokens} tokens)")
     end = min(offset + limit, n_tokens)
     window = [p for p in path if p.offset < end and p.offset + p.length > offset]
     data = load_spans(conn, [p.span_digest for p in window])
@@ -378,8 +376,6 @@ def node_detail(conn: Connection, node_id: str, *, offset: int, limit: int) -> t
     up = sa.func.coalesce(_n.parent_id, _n.prev_segment_node)
     node.n_children = int(conn.execute(sa.select(sa.func.count()).where(up == node_id)).scalar_one())
     node.level = _level(conn, node_id)
-    if offset > node.length:
-        raise ValidationError(f"offset {offset} is past the node's end ({node.length} tokens)")
     end = min(offset + limit, node.length)
     digest = bytes(row.span_digest)
     ids = unpack_tokens(load_spans(conn, [digest])[digest])[offset:end]

@@ -6,12 +6,13 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
 
-from sapwood.api.deps import ReadKey, Services, ServicesDep
+from sapwood.api.cache import Cached
+from sapwood.api.deps import ReadKey, ServicesDep
 from sapwood.api.queries import audit as q
-from sapwood.api.routes import AUTH_ERRORS, NOT_FOUND, cached_json, dump
+from sapwood.api.routes import AUTH_ERRORS, NOT_FOUND, cached, cached_json, dump
 from sapwood.api.schemas import AuditOut
+from sapwood.platform.span_encoding import decode_span
 
 router = APIRouter(prefix="/v1/calls", tags=["audit"], responses=AUTH_ERRORS)
 
@@ -51,20 +52,41 @@ async def call_input_binary(call_id: uuid.UUID, services: ServicesDep, _key: Rea
     """The exact input as packed little-endian int32 (4 bytes per token), with the verification in headers:
     ``X-Sapwood-Recorded-Digest``, ``X-Sapwood-Computed-Digest``, ``X-Sapwood-Verified``."""
     cid = str(call_id)
-    key = ("input.bin", cid)
-    hit = services.cache.get(key)
-    if hit is None:
-        rebuilt = await run_in_threadpool(_rebuild, services, cid)
-        hit = (rebuilt.token_ids.tobytes(), {
+
+    def build() -> Cached:
+        with services.read() as conn:
+            rebuilt = q.rebuild_input(conn, q.call_row(conn, cid))
+        return rebuilt.token_ids.tobytes(), {
             "X-Sapwood-Recorded-Digest": rebuilt.recorded_digest,
             "X-Sapwood-Computed-Digest": rebuilt.computed_digest,
             "X-Sapwood-Verified": "true" if rebuilt.verified else "false",
             "X-Sapwood-Token-Count": str(rebuilt.token_ids.size),
-        })
-        services.cache.put(key, hit)
-    return Response(hit[0], media_type="application/octet-stream", headers=hit[1])
+        }
+
+    hit, state = await cached(services, ("input.bin", cid), build)
+    return Response(hit[0], media_type="application/octet-stream", headers={**hit[1], "X-Sapwood-Cache": state})
 
 
-def _rebuild(services: Services, call_id: str) -> q.RebuiltInput:
-    with services.read() as conn:
-        return q.rebuild_input(conn, q.call_row(conn, call_id))
+@router.get(
+    "/{call_id}/output.bin",
+    response_class=Response,
+    responses={**NOT_FOUND, 200: {"description": "n packed little-endian int32 output token ids, then their n "
+                                                 "float32 rollout log-probs (8n bytes)",
+                                  "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                                      "format": "binary"}}}}},
+)
+async def call_output_binary(call_id: uuid.UUID, services: ServicesDep, _key: ReadKey) -> Response:
+    """The output as packed little-endian int32 token ids followed by their float32 rollout log-probs
+    (``X-Sapwood-Token-Count`` = n; ``numpy.frombuffer(body[:4*n], "<i4")``, ``body[4*n:]`` as ``"<f4"``)."""
+    cid = str(call_id)
+
+    def build() -> Cached:
+        with services.read() as conn:
+            row = q.call_row(conn, cid)
+        ids = decode_span(row["out_encoding"], row["out_data"])
+        lps = decode_span(row["lp_encoding"], row["lp_data"])
+        return ids + lps, {"X-Sapwood-Token-Count": str(len(ids) // 4), "X-Sapwood-Policy-Version":
+                           str(row["policy_version"])}
+
+    hit, state = await cached(services, ("output.bin", cid), build)
+    return Response(hit[0], media_type="application/octet-stream", headers={**hit[1], "X-Sapwood-Cache": state})

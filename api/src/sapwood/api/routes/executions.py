@@ -12,7 +12,7 @@ from sapwood.api.deps import CursorQuery, FilterDep, LimitDep, ReadKey, Services
 from sapwood.api.queries import audit as audit_q
 from sapwood.api.queries import executions as q
 from sapwood.api.queries import trees
-from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, cached_json, dump
+from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, TOO_LARGE, cached_json, dump
 from sapwood.api.schemas import (
     CallPage,
     ExecutionOut,
@@ -35,7 +35,7 @@ def list_executions(services: ServicesDep, _key: ReadKey, flt: FilterDep, limit:
                     ) -> dict[str, Any]:
     """Executions matching the filters, newest first by default; keyset-paginated on (started_at, execution_id)."""
     with services.read() as conn:
-        return q.list_executions(conn, flt, limit=limit, cursor=cursor, order=order)
+        return q.list_executions(conn, flt, limit=limit, cursor=cursor, cursors=services.cursors, order=order)
 
 
 @router.get("/{execution_id}", response_model=ExecutionOut, responses={**NOT_FOUND})
@@ -113,7 +113,7 @@ def list_calls(execution_id: uuid.UUID, services: ServicesDep, _key: ReadKey, li
     """The execution's model calls in event order (audit one with /v1/calls/{call_id}/audit)."""
     with services.read() as conn:
         trees.execution_row(conn, str(execution_id))
-        return audit_q.list_calls(conn, str(execution_id), limit=limit, cursor=cursor)
+        return audit_q.list_calls(conn, str(execution_id), limit=limit, cursor=cursor, cursors=services.cursors)
 
 
 @router.get("/{execution_id}/scores", response_model=list[ScoreOut], responses={**NOT_FOUND})
@@ -124,7 +124,8 @@ def list_scores(execution_id: uuid.UUID, services: ServicesDep, _key: ReadKey) -
         return trees.scores_of(conn, str(execution_id))
 
 
-@router.post("/{execution_id}/scores", response_model=ScoreOut, status_code=201, responses={**NOT_FOUND, **CONFLICT})
+@router.post("/{execution_id}/scores", response_model=ScoreOut, status_code=201,
+             responses={**NOT_FOUND, **CONFLICT, **TOO_LARGE})
 async def add_score(execution_id: uuid.UUID, body: ScoreCreate, services: ServicesDep,
                     _key: WriteKey) -> dict[str, Any]:
     """Record a new partial-score revision (a ``partial_score`` event) of a finished execution."""

@@ -7,9 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 
 from sapwood.api.deps import CursorQuery, LimitDep, ReadKey, ServicesDep, WriteKey
+from sapwood.api.errors import from_driver
 from sapwood.api.queries import executions as q
-from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND
+from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, TOO_LARGE
 from sapwood.api.schemas import NO_NUL, RunCreate, RunCreated, RunItemsPage, RunOut, RunPage
+from sapwood.platform.errors import ConflictError
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=AUTH_ERRORS)
 RunIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
@@ -19,10 +21,10 @@ RunIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
 def list_runs(services: ServicesDep, _key: ReadKey, limit: LimitDep, cursor: CursorQuery = None) -> dict[str, Any]:
     """Training runs and rollout run ids, ordered by run id, with queue progress and executions by status."""
     with services.read() as conn:
-        return q.list_runs(conn, limit=limit, cursor=cursor)
+        return q.list_runs(conn, limit=limit, cursor=cursor, cursors=services.cursors)
 
 
-@router.post("", response_model=RunCreated, status_code=201, responses={**CONFLICT})
+@router.post("", response_model=RunCreated, status_code=201, responses={**CONFLICT, **TOO_LARGE})
 def create_run(body: RunCreate, services: ServicesDep, _key: WriteKey) -> dict[str, Any]:
     """Create a training run from historical executions.
 
@@ -30,9 +32,14 @@ def create_run(body: RunCreate, services: ServicesDep, _key: WriteKey) -> dict[s
     by ``seed``: the same filter and seed over the same history give the same executions in the
     same order. Learners then claim them (with their recorded rollout log-probs) through the run's queue.
     """
-    with services.write() as conn:
-        return q.create_run(conn, run_id=body.run_id, kind=body.kind, flt=body.filter, seed=body.seed,
-                            description=body.description, config=body.config)
+    try:
+        with services.write() as conn:
+            return q.create_run(conn, run_id=body.run_id, kind=body.kind, flt=body.filter, seed=body.seed,
+                                description=body.description, config=body.config)
+    except ConflictError as exc:
+        if from_driver(exc):  # a concurrent request created the same id between the check and the insert
+            raise ConflictError(f"run {body.run_id!r} already exists") from None
+        raise
 
 
 @router.get("/{run_id}", response_model=RunOut, responses={**NOT_FOUND})
@@ -47,4 +54,4 @@ def run_items(run_id: RunIdPath, services: ServicesDep, _key: ReadKey, limit: Li
               cursor: CursorQuery = None) -> dict[str, Any]:
     """A training run's queue in claim order, with each item's state."""
     with services.read() as conn:
-        return q.run_items(conn, run_id, limit=limit, cursor=cursor)
+        return q.run_items(conn, run_id, limit=limit, cursor=cursor, cursors=services.cursors)

@@ -1,0 +1,311 @@
+"""The web viewer at /ui in a real browser: headless Chromium (Debian's package) driven by Playwright,
+against a real ``sapwood serve`` subprocess over a small synthetic SQLite store (char tokenizer).
+
+Chromium is required, not optional: without it these tests fail (``scripts/test`` installs it).
+Screenshots of each page go to ``$SAPWOOD_UI_SCREENSHOTS`` (``=docs`` refreshes the README's) or a temp dir.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import APIRouter
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+
+from api.api_helpers import calls_of, load_executions
+from api.live_server import sapwood_serve, serve_in_thread
+from sapwood.api import ApiSettings, create_app
+from sapwood.api.auth import create_key
+from sapwood.api.deps import ReadKey
+from sapwood.platform import runs
+from sapwood.platform.store import Store
+from sapwood.platform.writer import ExecutionWriter
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Where screenshots go: ``SAPWOOD_UI_SCREENSHOTS=docs`` refreshes the README's; by default a temp dir.
+SHOTS = ROOT / os.environ.get("SAPWOOD_UI_SCREENSHOTS", str(Path(tempfile.gettempdir()) / "sapwood-ui-screenshots"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+XSS_CONTEXT = '<script>window.__xss = "script"</script><img src=x onerror="window.__xss = \'img\'">'
+XSS_OUTPUT = "</pre><b onmouseover=alert(1)>bold?</b>"
+
+
+def chromium_path() -> str:
+    path = os.environ.get("SAPWOOD_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.fail("Chromium is missing: install Debian's package (apt-get install chromium; scripts/test does) "
+                    "or point SAPWOOD_CHROMIUM at a Chromium binary")
+    return path
+
+
+def chars(text: str) -> np.ndarray:
+    return np.array([ord(c) for c in text], dtype=np.int32)
+
+
+def hostile_execution() -> ExecutionWriter:
+    """An execution whose tokens decode (char tokenizer) to markup and script."""
+    w = ExecutionWriter(run_id="hostile", task_id="<i>task</i>", engine="<b>engine</b>")
+    w.start()
+    p = w.prompt(chars(XSS_CONTEXT))
+    out = chars(XSS_OUTPUT)
+    w.call(p.node_id, chars(" answer:"), out, np.linspace(-3.0, -0.01, out.size, dtype=np.float32))
+    w.finish("success", reward=1.0)
+    return w
+
+
+@dataclass
+class Served:
+    base: str
+    key: str
+    writers: list[ExecutionWriter]
+    hostile: ExecutionWriter
+    log: Path
+    console: list[str] = field(default_factory=list)
+
+    def api(self, path: str) -> Any:
+        r = httpx.get(self.base + path, headers={"Authorization": f"Bearer {self.key}"}, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """``sapwood serve`` (a subprocess, as deployed) over a store of 4 small executions + a hostile one."""
+    tmp = tmp_path_factory.mktemp("ui")
+    url = f"sqlite:///{tmp / 'ui.db'}"
+    store = Store.open(url)
+    writers = load_executions(store, 4)
+    hostile = hostile_execution()
+    store.apply(hostile.events)
+    with store.transaction() as conn:
+        key = create_key(conn, "viewer", "read")[0]
+        runs.create_run(conn, "replay-1", runs.ExecutionFilter(run_id="rollout-a"), seed=3, description="warm-up")
+        claimed = runs.claim(conn, "replay-1", "learner-0", 2)
+        runs.complete(conn, "replay-1", "learner-0", claimed[:1])
+    store.close()
+    log = tmp / "serve.log"
+    env = {"SAPWOOD_DATABASE_URL": url, "SAPWOOD_TOKENIZER": "char", "SAPWOOD_KAFKA_BOOTSTRAP": ""}
+    with log.open("w") as out, sapwood_serve(env, output=out) as base:
+        yield Served(base, key, writers, hostile, log)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser, served: Served) -> Iterator[Page]:
+    """A fresh tab (own session storage) that records console errors and failed requests."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    served.console.clear()
+
+    def on_console(msg: ConsoleMessage) -> None:
+        if msg.type in ("error", "warning"):
+            served.console.append(f"console {msg.type}: {msg.text}")
+
+    tab.on("console", on_console)
+    tab.on("pageerror", lambda exc: served.console.append(f"page error: {exc}"))
+    tab.on("requestfailed", lambda req: served.console.append(f"request failed: {req.url}"))
+    yield tab
+    context.close()
+
+
+def login(page: Page, served: Served, key: str | None = None) -> None:
+    page.goto(served.base + "/ui/")
+    page.fill("#key-input", key or served.key)
+    page.click("#login-form button")
+
+
+def goto(page: Page, served: Served, hash_: str) -> None:
+    """Open ``/ui/<hash_>`` and wait until the viewer has rendered that page."""
+    page.goto(served.base + "/ui/" + hash_)
+    page.wait_for_function("h => document.body.dataset.rendered === h", arg=hash_, timeout=60_000)
+
+
+def shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"ui-{name}.png"), full_page=False)
+
+
+def test_pages_load_without_console_errors(page: Page, served: Served) -> None:
+    w = served.writers[1]  # timed out, with a partial score
+    call = calls_of(w)[-1].event_id
+    login(page, served)
+    page.wait_for_selector("text=rollout-a")
+    assert "1/4 done, 1 claimed" in page.text_content("main table")  # the replay run's progress
+    shot(page, "runs")
+    visits = [("run", "#/run/replay-1", "text=Queue (claim order)"),
+              ("executions", "#/executions", "table"),
+              ("executions-filtered", "#/executions?status=timeout&task_id=task-1", "table"),
+              ("execution", f"#/execution/{w.execution_id}", "#tree .node"),
+              ("call", f"#/call/{call}", "#browser-check code"),
+              ("node", f"#/node/{w.leaves()[0]}", "#trajectory .piece"),
+              ("scheduler-absent", "#/scheduler", "#panel-cells")]
+    for name, hash_, ready in visits:
+        goto(page, served, hash_)
+        page.wait_for_selector(ready, timeout=30_000)
+        assert page.locator("#page-error").count() == 0, page.locator("#page-error").text_content()
+        shot(page, name)
+    assert served.console == []
+    traj = served.api(f"/v1/nodes/{w.leaves()[0]}/trajectory?limit=8192")
+    goto(page, served, f"#/node/{w.leaves()[0]}")
+    assert page.locator("#trajectory .piece").count() == len(traj["pieces"])
+    # the key never reaches a URL, and lives in this tab's session storage only
+    assert served.key not in page.url
+    assert page.evaluate("sessionStorage.getItem('sapwood.apiKey')") == served.key
+    assert page.evaluate("localStorage.length") == 0
+    assert served.key not in served.log.read_text()
+
+
+def test_filters_narrow_the_executions(page: Page, served: Served) -> None:
+    login(page, served)
+    page.wait_for_selector("text=rollout-a")
+    goto(page, served, "#/executions")
+    page.check("input[name=status][value=timeout]")
+    page.fill("input[name=task_id]", "task-1")
+    page.click("#filters button")
+    page.wait_for_function("h => document.body.dataset.rendered === h",
+                           arg="#/executions?status=timeout&task_id=task-1")
+    expected = served.api("/v1/executions?status=timeout&task_id=task-1")["items"]
+    rows = page.locator("main table tbody tr")
+    assert rows.count() == len(expected) >= 1
+    assert page.locator("main table tbody").text_content().count("timeout") == len(expected)
+
+
+def test_the_tree_of_a_three_segment_execution_with_forks(page: Page, served: Served) -> None:
+    w = served.writers[1]
+    tree = served.api(f"/v1/executions/{w.execution_id}/tree")
+    ex = tree["execution"]
+    assert ex["n_segments"] == 3 and ex["n_forks"] >= 1 and ex["status"] == "timeout"
+    login(page, served)
+    page.wait_for_selector("text=rollout-a")
+    goto(page, served, f"#/execution/{w.execution_id}")
+    nodes = page.locator("#tree .node")
+    assert nodes.count() == len(tree["nodes"])
+    drawn = set(page.eval_on_selector_all("#tree .node", "els => els.map(e => e.dataset.node)"))
+    assert drawn == {n["node_id"] for n in tree["nodes"]}
+    assert set(page.eval_on_selector_all("#tree .node", "els => els.map(e => e.dataset.segment)")) == {"0", "1", "2"}
+    segment_roots = [n for n in tree["nodes"] if n["parent_id"] is None and n["prev_segment_node"]]
+    assert page.locator("#tree .segment-start").count() == len(segment_roots) >= 2
+    assert page.locator("#tree .flag.fork").count() == len(tree["fork_points"])
+    assert page.locator("#tree .flag.summary").count() == sum(n["role"] == "summary" for n in tree["nodes"])
+    leaves = page.locator("#tree .flag.leaf")
+    assert leaves.count() == len(tree["leaves"])
+    partial = f"timed out — partial score {ex['score']:.3f}"
+    assert all(partial in t for t in leaves.all_text_contents())
+    # each segment root is drawn after the summary it continues, behind a "segment N" marker
+    for root in segment_roots:
+        placed = page.evaluate(
+            "([root, summary]) => { const r = document.querySelector(`#tree [data-node='${root}']`); "
+            "const s = document.querySelector(`#tree [data-node='${summary}']`); "
+            "return [r.previousElementSibling.className, s.dataset.role, "
+            "Boolean(s.compareDocumentPosition(r) & Node.DOCUMENT_POSITION_FOLLOWING)]; }",
+            [root["node_id"], root["prev_segment_node"]])
+        assert placed == ["segment-start", "summary", True]
+    shot(page, "tree")
+
+
+def test_clicking_a_call_shows_the_context_the_audit_verified(page: Page, served: Served) -> None:
+    w = served.writers[0]
+    tree = served.api(f"/v1/executions/{w.execution_id}/tree")
+    node = next(n for n in tree["nodes"] if n["call_id"] and n["segment"] == 2)
+    audit = served.api(f"/v1/calls/{node['call_id']}/audit")
+    login(page, served)
+    page.wait_for_selector("text=rollout-a")
+    goto(page, served, f"#/execution/{w.execution_id}")
+    page.click(f"[data-node='{node['node_id']}'] a.call")
+    page.wait_for_selector("#browser-check code", timeout=60_000)
+    assert page.text_content("#recorded-digest") == audit["input"]["recorded_digest"]
+    assert page.text_content("#computed-digest") == audit["input"]["computed_digest"]
+    # recomputed in the browser (BLAKE2b-128 of /input.bin), independently of the server's check
+    assert page.get_attribute("#browser-check", "data-digest") == audit["input"]["recorded_digest"]
+    assert "matches" in page.text_content("#browser-check")
+    assert page.text_content("#verified").startswith("✔ verified")
+    assert page.text_content("#input-context") == audit["input"]["text"]
+    assert page.text_content("#policy-version") == str(audit["call"]["policy_version"])
+    assert page.locator("#heatmap .tok").count() == audit["output"]["length"]
+    shot(page, "audit")
+
+
+def test_a_bad_key_shows_the_error(page: Page, served: Served) -> None:
+    key_id = served.key.split(".")[0]
+    for bad, expected in ((f"{key_id}.{'A' * 43}", "invalid or revoked API key"),
+                          ("not-a-key", "malformed API key")):
+        login(page, served, bad)
+        page.wait_for_selector("#login-error:not(:empty)")
+        assert expected in page.text_content("#login-error")
+        assert page.is_visible("#login") and page.locator("#main *").count() == 0
+        assert page.evaluate("sessionStorage.getItem('sapwood.apiKey')") is None
+    shot(page, "bad-key")
+
+
+def test_decoded_markup_is_shown_as_text_never_run(page: Page, served: Served) -> None:
+    call = calls_of(served.hostile)[0].event_id
+    login(page, served)
+    page.wait_for_selector("text=rollout-a")
+    goto(page, served, f"#/call/{call}")
+    page.wait_for_selector("#browser-check code", timeout=30_000)
+    assert page.text_content("#input-context") == XSS_CONTEXT + " answer:"
+    assert page.text_content("#output-text") == XSS_OUTPUT
+    assert page.text_content("#engine") == "<b>engine</b>"
+    page.hover("#output-text")
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("main script, main img, main b, main i").count() == 0
+    goto(page, served, "#/executions?run_id=hostile")
+    assert "<i>task</i>" in page.text_content("main table")
+    assert page.locator("main i").count() == 0 and page.evaluate("window.__xss") is None
+    shot(page, "escaped")
+
+
+def test_the_scheduler_panel_shows_cells_when_the_server_has_them(browser: Browser, served: Served,
+                                                                   tmp_path: Path) -> None:
+    """An app with a ``/v1/cells`` route (as the scheduler adds) and none for decisions: the panel lists the
+    cells, says decisions are not served, and the page logs no error (it does not probe missing routes)."""
+    store = Store.open(f"sqlite:///{tmp_path / 'cells.db'}")
+    with store.transaction() as conn:
+        key = create_key(conn, "viewer", "read")[0]
+    router = APIRouter()
+
+    @router.get("/v1/cells")
+    def cells(_key: ReadKey) -> dict[str, Any]:
+        return {"items": [{"cell": "rollout-a", "gpus": 4, "state": "<b>busy</b>"},
+                          {"cell": "train-b", "gpus": 8, "state": "idle"}]}
+
+    app = create_app(ApiSettings(), store=store)
+    app.include_router(router)
+    context = browser.new_context()
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    with serve_in_thread(app) as base:
+        tab.goto(base + "/ui/")
+        tab.fill("#key-input", key)
+        tab.click("#login-form button")
+        tab.wait_for_selector("#logout:not([hidden])")
+        assert tab.is_visible("#nav-scheduler"), errors
+        tab.goto(base + "/ui/#/scheduler")
+        tab.wait_for_function("h => document.body.dataset.rendered === h", arg="#/scheduler")
+        cells_text = tab.text_content("#panel-cells")
+        assert "rollout-a" in cells_text and "train-b" in cells_text and "<b>busy</b>" in cells_text
+        assert tab.locator("#panel-cells tbody tr").count() == 2 and tab.locator("#panel-cells b").count() == 0
+        assert "no /v1/scheduler/decisions route" in tab.text_content("#panel-decisions")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(SHOTS / "ui-scheduler.png"))
+    context.close()
+    store.close()
+    assert errors == []
