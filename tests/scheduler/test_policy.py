@@ -105,11 +105,11 @@ def test_staleness_bound_stops_growing_rollout() -> None:
     policy = ElasticPolicy(min_dwell_s=0, staleness_bound=1)
 
     def stale(k: int) -> dict[str, object]:
-        return {**generating(k), "backlog_executions": 4, "staleness_max": 1}
+        return {**generating(k), "backlog_executions": BATCH, "staleness_max": 2}  # a stale batch waits
 
     _, moves = run_trace(policy, 3, stale, initial="train")
     assert not any(to == "rollout" for _, _, to, _ in moves)
-    _, fresh_moves = run_trace(policy, 3, lambda k: {**stale(k), "staleness_max": 0}, initial="train")
+    _, fresh_moves = run_trace(policy, 3, lambda k: {**stale(k), "staleness_max": 1}, initial="train")
     assert any(to == "rollout" for _, _, to, _ in fresh_moves)
 
 

@@ -35,9 +35,10 @@ def test_zero_variance_colocate_equals_closed_form(cells: int, batch: int) -> No
     assert r.switch_count == (2 * w.steps - 1) * cells
 
 
-@pytest.mark.parametrize(("seed", "tail"), [(0, 1.0), (1, 4.0), (2, 10.0)])
-def test_elastic_never_worse_than_best_static_by_more_than_its_switch_costs(seed: int, tail: float) -> None:
-    w = SMALL.with_(tail_ratio=tail)
+@pytest.mark.parametrize(("name", "seed", "tail"), [("small", 0, 1.0), ("small", 1, 4.0), ("small", 2, 10.0),
+                                                   ("paper", 0, 4.0)])
+def test_elastic_never_worse_than_best_static_by_more_than_its_switch_costs(name: str, seed: int, tail: float) -> None:
+    w = preset(name).with_(tail_ratio=tail, steps=min(preset(name).steps, 4))
     elastic = simulate(w, "elastic", seed)
     _, static = best_static(w, seed)
     assert elastic.wall_s <= static.wall_s + elastic.switch_cell_s
@@ -83,3 +84,23 @@ def test_tail_ratio_sets_p99_over_p50() -> None:
     w = Workload(steps=400, batch_size=250, tail_ratio=6.0)
     d = w.durations(0)
     assert np.percentile(d, 99) / np.median(d) == pytest.approx(6.0, rel=0.05)
+
+
+def test_simulate_command_prints_json_and_writes_plots(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from sapwood.platform.cli import app
+
+    result = CliRunner().invoke(app, ["scheduler", "simulate", "--preset", "small", "--steps", "3",
+                                      "--plots", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r["policy"] for r in out["results"]] == ["elastic", "colocate", "async"]
+    by = {r["policy"]: r["wall_h"] for r in out["results"]}
+    assert out["elastic_vs_colocate"] == pytest.approx(by["colocate"] / by["elastic"], rel=1e-3)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "idle_fractions.png", "roles_async.png", "roles_colocate.png", "roles_elastic.png"]
+    bad = CliRunner().invoke(app, ["scheduler", "simulate", "--preset", "nope"])
+    assert bad.exit_code != 0 and "unknown workload preset" in bad.output

@@ -8,8 +8,9 @@ gives every other cell to training. A move happens only when all of these hold:
 * **minimum dwell** — a cell keeps a role for at least ``min_dwell_s`` (so at most one move per cell per
   dwell, whatever the signals do);
 * **rate limit** — at most ``max_moves_per_tick`` moves per decision;
-* **staleness bound** — when the backlog's oldest trajectory lags ``staleness_bound`` versions or more,
-  no cell is added to rollout (train what is there first);
+* **staleness bound** — when a full batch waits and its oldest trajectory lags more than ``staleness_bound``
+  versions, no cell is added to rollout (train what is there first; with less than a batch waiting,
+  holding rollout back would only delay the batch that training needs);
 * **switch-cost gate** — the idle time the move is expected to save, ``min(idle time left in the current
   role, work waiting in the target role)``, must exceed ``gate_margin`` × the measured switch cost
   (× 2 with ``round_trip``: the cell will likely come back). This is the rule of verl's dynamic
@@ -131,7 +132,7 @@ class ElasticPolicy:
             return pool
 
         train_work = s.train_active or s.backlog_executions >= s.batch_size
-        stale = s.backlog_executions > 0 and s.staleness_max >= self.staleness_bound
+        stale = s.backlog_executions >= s.batch_size and s.staleness_max > self.staleness_bound
         cost = self.switch_cost(s)
         moves = 0
 
