@@ -104,3 +104,50 @@ def test_killed_execution_actor_ends_as_error_with_reason(tmp_path) -> None:  # 
         assert rows[other][0] in ("success", "timeout")
     finally:
         rt.shutdown()
+
+
+class _ParkFirstCell:
+    """Test policy: moves c0 to idle, leaves every other cell where it is."""
+
+    name = "park-c0"
+
+    def initial_assignment(self, cell_ids):  # type: ignore[no-untyped-def]
+        return dict.fromkeys(cell_ids, "rollout")
+
+    def decide(self, signals, assignment):  # type: ignore[no-untyped-def]
+        from sapwood.scheduler.policy import Decision
+
+        target = dict(assignment)
+        target["c0"] = "idle"
+        return Decision(target=target, reasons={"c0": "test: park c0"})
+
+
+def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from sapwood.scheduler.live import SchedulerLoop
+    from sapwood.scheduler.runtime.actuator import RayActuator
+    from sapwood.scheduler.runtime.cluster import ElasticRuntime
+    from sapwood.scheduler.runtime.store_writer import RayStoreTransport
+    from sapwood.scheduler.signals import CellState, Signals
+    from support.elastic_runtime import initial_state, model_config
+
+    rt = ElasticRuntime(f"sqlite:///{tmp_path / 'store.db'}", [CellSpec("c0"), CellSpec("c1")], model_config(),
+                        initial_state(), actor_prefix=f"t{time.time_ns()}")
+    try:
+        prefix = rt.actor_prefix
+        actuator = RayActuator.connect(prefix)
+        with pytest.raises(ValueError, match="no elastic runtime"):
+            RayActuator.connect(prefix + "-missing")
+        cells = tuple(CellState(cell_id=c, role="rollout", capacity=2) for c in ("c0", "c1"))
+        loop = SchedulerLoop(lambda: Signals(at_s=time.time(), cells=cells, batch_size=4), _ParkFirstCell(),
+                             RayStoreTransport(rt.writer), actuator)
+        result = loop.tick()
+        assert result.moves == {"c0": ("rollout", "idle")}
+        assert ray.get(rt.cells["c0"].status.remote())["role"] == "idle"
+        assert ray.get(rt.router.stats.remote())["roles"]["c0"] == "idle"
+        phases = {p for (p,) in rt.query("SELECT phase FROM switch_phases WHERE cell_id = 'c0'")}
+        assert {"drain", "grace"} <= phases
+        (reason,) = rt.query("SELECT reason FROM scheduler_decisions WHERE cell_id = 'c0' AND role = 'idle'")[0]
+        assert reason == "test: park c0"
+        assert rt.query("SELECT role FROM cells WHERE cell_id = 'c0'")[0][0] == "idle"
+    finally:
+        rt.shutdown()

@@ -43,18 +43,22 @@ class ElasticRuntime:
 
     def __init__(self, database_url: str, specs: list[CellSpec], model_config: Any, state: dict[str, Any], *,
                  version: int = 0, seed: int = 0, decode_delay_s: float = 0.0, grace_s: float = 0.5,
-                 policy_source: PolicySource | None = None, policy_name: str = "manual") -> None:
+                 policy_source: PolicySource | None = None, policy_name: str = "manual",
+                 actor_prefix: str | None = None) -> None:
         if len({s.cell_id for s in specs}) != len(specs):
             raise ValueError(f"cell ids must be unique, got {[s.cell_id for s in specs]}")
-        self.writer = StoreWriter.remote(database_url)  # type: ignore[attr-defined]
-        self.router = Router.remote()  # type: ignore[attr-defined]
+        named = (lambda what: {"name": f"{actor_prefix}-{what}", "lifetime": "detached"}) if actor_prefix else (
+            lambda what: {})
+        self.writer = StoreWriter.options(**named("store-writer")).remote(database_url)  # type: ignore[attr-defined]
+        self.router = Router.options(**named("router")).remote()  # type: ignore[attr-defined]
         self.specs = {s.cell_id: s for s in specs}
         self.cells: dict[str, Any] = {}
         self.roles: dict[str, str] = {}
         self.policy_name = policy_name
+        self.actor_prefix = actor_prefix
         events: list[Any] = []
         for i, s in enumerate(specs):
-            actor = Cell.options(max_concurrency=s.capacity + 8)  # type: ignore[attr-defined]
+            actor = Cell.options(max_concurrency=s.capacity + 8, **named(f"cell-{s.cell_id}"))  # type: ignore[attr-defined]
             self.cells[s.cell_id] = actor.remote(s.cell_id, model_config, state, version=version, capacity=s.capacity,
                                                  tier=s.tier, role=s.role, seed=seed * 101 + i,
                                                  decode_delay_s=decode_delay_s)

@@ -104,8 +104,9 @@ class SwitchCoordinator:
                 return cid
         return None
 
-    def switch(self, cell_id: str, to_role: str) -> SwitchReport:
-        """Move ``cell_id`` to ``to_role``; returns what each phase took (already recorded as events)."""
+    def switch(self, cell_id: str, to_role: str, *, record: bool = True) -> SwitchReport:
+        """Move ``cell_id`` to ``to_role``; returns what each phase took. ``record`` sends each phase as a
+        ``switch_phase`` event to the store writer (the live loop records the phases itself: False)."""
         if cell_id not in self.cells:
             raise KeyError(f"unknown cell {cell_id!r}; known: {sorted(self.cells)}")
         if to_role not in ("rollout", "train", "idle"):
@@ -129,7 +130,8 @@ class SwitchCoordinator:
         ray.get(cell.set_role.remote(to_role))
         ray.get(self.router.set_role.remote(cell_id, to_role))
         self.roles[cell_id] = to_role
-        self._record(rep)
+        if record:
+            self._record(rep)
         self.reports.append(rep)
         return rep
 
