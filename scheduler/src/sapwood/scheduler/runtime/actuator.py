@@ -36,7 +36,7 @@ class RayActuator:
         except ValueError:
             raise ValueError(f"no elastic runtime with actor prefix {prefix!r} on this Ray cluster "
                              f"(expected a named actor {prefix}-router)") from None
-        stats: dict[str, Any] = ray.get(router.stats.remote())
+        stats: Any = ray.get(router.stats.remote())
         roles: dict[str, str] = dict(stats["roles"])
         cells: dict[str, Any] = {cid: ray.get_actor(f"{prefix}-cell-{cid}") for cid in roles}
         tiers = {cid: str(st["tier"]) for cid, st in zip(cells, ray.get([c.status.remote() for c in cells.values()]),
