@@ -32,7 +32,8 @@ def _in_flight(rt, cell_id: str) -> int:  # type: ignore[no-untyped-def]
 
 
 def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.03)
+    # 0.15 s per token keeps a call in flight long enough to be caught by the switch (abort, not grace)
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.15)
     try:
         bg = Background(rt, n=4, concurrency=4)
         _wait(lambda: len(bg.actors) == 4 and all(ray.get(a.progress.remote())["calls"] > 0

@@ -7,8 +7,10 @@ draining cell refuses new calls; an aborted call answers ``aborted`` and its par
 discarded (see :meth:`Cell.abort_inflight` for why). The cell holds no execution state: agent loops
 and environments live in their own actors (:mod:`~sapwood.scheduler.runtime.execution`).
 
-``decode_delay_s`` adds a sleep after each generated token, standing in for a larger model's
-per-token latency on a CPU where the tiny model decodes in microseconds (0 in production).
+``decode_delay_s`` adds a sleep after each generated token (× the call's ``decode_scale``), standing in
+for a larger model's per-token latency on a CPU where the tiny model decodes in microseconds (0 in
+production). Loading weights swaps in a new engine: calls in flight finish on the weights they
+started with, so a load never aborts a call.
 """
 
 from __future__ import annotations
@@ -57,21 +59,25 @@ class Cell:
         if capacity < 1:
             raise ValueError(f"cell capacity must be ≥ 1, got {capacity}")
         self.cell_id, self.capacity, self.tier, self.role = cell_id, capacity, tier, role
+        self.model_config = model_config
         self.engine = LocalTorchEngine(model_config, state=state, policy_version=version, seed=seed)
+        self.generator = torch.Generator().manual_seed(seed)
         self.decode_delay_s = decode_delay_s
         self.draining = role != "rollout"
         self._calls: dict[str, _Call] = {}
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._prefix: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._prefix: OrderedDict[tuple[int, tuple[int, ...]], Any] = OrderedDict()
         self.served = 0
         self.aborted = 0
         self.prefix_hits = 0
+        self.loads = 0
 
     # -- serving ------------------------------------------------------------------------------------
     def generate(self, call_key: str, input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
-        """Serve one call: ``{"status": "ok", output_ids, logprobs, policy_version, finish_reason, timings}``,
+        """Serve one call (``params``: ``SamplingParams.to_dict()``, optionally ``decode_scale`` × the
+        per-token delay): ``{"status": "ok", output_ids, logprobs, policy_version, finish_reason, timings}``,
         or ``{"status": "refused" | "aborted", "reason"}`` (nothing of an aborted call is returned)."""
         import torch
 
@@ -84,9 +90,12 @@ class Cell:
             call = _Call(call_key, list(input_ids))
             self._calls[call_key] = call
         try:
+            params = dict(params)
+            scale = float(params.pop("decode_scale", 1.0))
             sp = params_from_dict(params)
             t0 = time.perf_counter()
-            version = self.engine.policy_version
+            engine = self.engine  # a call finishes on the weights it started with; loads swap in a new engine
+            version = engine.policy_version
             seq = torch.tensor(call.input_ids, dtype=torch.int64)
             out: list[int] = []
             lps: list[float] = []
@@ -96,20 +105,16 @@ class Cell:
                 if call.abort.is_set():
                     break
                 with self._model_lock, torch.inference_mode():
-                    if version != self.engine.policy_version:  # weights changed under the call: abort it
-                        call.release.set()
-                        call.abort.set()
-                        break
                     t_step = time.perf_counter()
-                    logits = self._prefix.pop(tuple(call.input_ids), None) if i == 0 else None
+                    logits = self._prefix.pop((version, tuple(call.input_ids)), None) if i == 0 else None
                     if logits is None:
-                        logits = self.engine.next_token_logits(seq).float()
+                        logits = engine.next_token_logits(seq).float()
                     else:
                         self.prefix_hits += 1
                     if i == 0:
                         prefill_s = time.perf_counter() - t_step
                     logp = _sampling_logprobs(logits, sp.temperature, sp.top_p)
-                    token = int(torch.multinomial(logp.exp(), 1, generator=self.engine.generator))
+                    token = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
                 out.append(token)
                 lps.append(float(logp[token]))
                 call.generated = len(out)
@@ -118,7 +123,7 @@ class Cell:
                     finish = "stop"
                     break
                 if self.decode_delay_s > 0:
-                    call.abort.wait(self.decode_delay_s)
+                    call.abort.wait(self.decode_delay_s * scale)
             if call.abort.is_set():
                 # The partial output is discarded, not continued elsewhere: its tokens were sampled
                 # by this cell and never reach the recorder, so an aborted attempt leaves no
@@ -179,8 +184,9 @@ class Cell:
 
         t0 = time.perf_counter()
         with self._model_lock, torch.inference_mode():
-            logits = self.engine.next_token_logits(torch.tensor(input_ids, dtype=torch.int64)).float()
-            self._prefix[tuple(input_ids)] = logits
+            engine = self.engine
+            logits = engine.next_token_logits(torch.tensor(input_ids, dtype=torch.int64)).float()
+            self._prefix[(engine.policy_version, tuple(input_ids))] = logits
             while len(self._prefix) > PREFIX_CACHE:
                 self._prefix.popitem(last=False)
         return time.perf_counter() - t0
@@ -193,9 +199,19 @@ class Cell:
         return time.perf_counter() - t0
 
     def load_state(self, state: dict[str, Any], version: int) -> None:
+        """Serve ``state`` as ``version`` from the next call on (calls in flight finish on their weights)."""
+        engine = LocalTorchEngine(self.model_config, state=state, policy_version=version)
         with self._model_lock:
-            self.engine.load(state, version)
+            self.engine = engine
+            self.loads += 1
             self._prefix.clear()
+
+    def train_work(self, seconds: float) -> float:
+        """This cell's share of a training step, modelled as ``seconds`` of occupancy (the demo's cost model:
+        two shared CPU cores cannot show a data-parallel speed-up); returns seconds spent."""
+        t0 = time.perf_counter()
+        time.sleep(max(seconds, 0.0))
+        return time.perf_counter() - t0
 
     def load_from_core(self, core: Any) -> tuple[int, float]:
         """Take the authoritative parameters from core cell ``core``; returns ``(version, seconds)``."""

@@ -28,7 +28,7 @@ from sapwood.rollout.tasks import BranchState, KeyRecallConfig, KeyRecallEnv, Ke
 from sapwood.rollout.worker import run_execution
 from sapwood.scheduler.runtime.store_writer import RayStoreTransport
 
-__all__ = ["CountingEnv", "ExecutionActor", "ExecutionOutcome", "RoutedEngine", "run_executions"]
+__all__ = ["CountingEnv", "ExecutionActor", "ExecutionOutcome", "ExecutionPool", "RoutedEngine", "run_executions"]
 
 
 class CountingEnv(KeyRecallEnv):
@@ -53,8 +53,10 @@ class RoutedEngine(Engine):
 
     name = "ray-router/local-torch"
 
-    def __init__(self, router: Any, *, on_call: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, router: Any, *, on_call: Callable[[dict[str, Any]], None] | None = None,
+                 decode_scale: float = 1.0) -> None:
         self.router = router
+        self.decode_scale = decode_scale
         self._version = 0
         self.on_call = on_call
 
@@ -63,7 +65,10 @@ class RoutedEngine(Engine):
         return self._version
 
     def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
-        res = ray.get(self.router.generate.remote([int(t) for t in input_ids], params.to_dict()))
+        body = params.to_dict()
+        if self.decode_scale != 1.0:
+            body["decode_scale"] = self.decode_scale
+        res = ray.get(self.router.generate.remote([int(t) for t in input_ids], body))
         if res.get("status") != "ok":
             raise EngineError(f"router could not serve the call: {res.get('reason')}")
         if self.on_call is not None:
@@ -113,13 +118,13 @@ class ExecutionActor:
 
     def __init__(self, execution_id: str, task: KeyTask, task_config: KeyRecallConfig, router: Any, writer: Any,
                  *, run_id: str, seed: int, temperature: float = 1.0, fork: bool | None = False,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None, decode_scale: float = 1.0) -> None:
         self.execution_id, self.task, self.seed = execution_id, task, seed
         self.env = CountingEnv(task_config)
         self.calls = 0
         self.rerouted = 0
         self.cells: dict[str, int] = {}
-        self.engine = RoutedEngine(router, on_call=self._on_call)
+        self.engine = RoutedEngine(router, on_call=self._on_call, decode_scale=decode_scale)
         self.recorder = _NamedRecorder(RayStoreTransport(writer, execution_id=execution_id), run_id=run_id,
                                        engine=self.engine.name, vocab_size=task_config.vocab_size,
                                        task_family="key-recall")
@@ -154,6 +159,53 @@ class ExecutionActor:
         return {"steps": self.env.steps, "resets": self.env.resets, "calls": self.calls}
 
 
+class ExecutionPool:
+    """Starts execution actors and collects how they ended (non-blocking: :meth:`poll`).
+
+    An actor that dies ends its execution as ``error``: the store writer records
+    ``execution_finished`` with the reason.
+    """
+
+    def __init__(self, task_config: KeyRecallConfig, router: Any, writer: Any, *, run_id: str, seed: int,
+                 temperature: float = 1.0, metadata: dict[str, Any] | None = None) -> None:
+        self.task_config, self.router, self.writer = task_config, router, writer
+        self.run_id, self.seed, self.temperature, self.metadata = run_id, seed, temperature, metadata
+        self.running: dict[Any, tuple[str, KeyTask, Any]] = {}
+        self.started = 0
+
+    def start(self, task: KeyTask, *, decode_scale: float = 1.0) -> tuple[str, Any]:
+        """Start one execution of ``task``; returns ``(execution_id, actor)``."""
+        eid = str(uuid.uuid4())
+        cls = ExecutionActor.options(max_concurrency=2)  # type: ignore[attr-defined]
+        actor = cls.remote(eid, task, self.task_config, self.router, self.writer, run_id=self.run_id,
+                           seed=self.seed * 1_000_003 + self.started, temperature=self.temperature,
+                           metadata=self.metadata, decode_scale=decode_scale)
+        self.started += 1
+        self.running[actor.play.remote()] = (eid, task, actor)
+        return eid, actor
+
+    def poll(self, timeout_s: float | None = None) -> list[ExecutionOutcome]:
+        """Outcomes of the executions that ended (waits up to ``timeout_s`` for the first; None: forever)."""
+        if not self.running:
+            return []
+        done, _ = ray.wait(list(self.running), num_returns=1, timeout=timeout_s)
+        if done:
+            done, _ = ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
+        out = []
+        for ref in done:
+            eid, task, actor = self.running.pop(ref)
+            try:
+                outcome = ExecutionOutcome(**ray.get(ref))
+            except RayActorError as exc:
+                reason = f"execution actor lost: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
+                ray.get(self.writer.finish_lost.remote(eid, reason, run_id=self.run_id, task_id=task.task_id))
+                outcome = ExecutionOutcome(eid, task.task_id, "error", message=reason, finished_at=time.time())
+            else:
+                ray.kill(actor)
+            out.append(outcome)
+        return out
+
+
 def run_executions(tasks: Sequence[KeyTask], task_config: KeyRecallConfig, router: Any, writer: Any, *,
                    run_id: str, seed: int, concurrency: int, temperature: float = 1.0,
                    on_started: Callable[[str, Any], None] | None = None,
@@ -161,33 +213,18 @@ def run_executions(tasks: Sequence[KeyTask], task_config: KeyRecallConfig, route
                    metadata: dict[str, Any] | None = None) -> list[ExecutionOutcome]:
     """Play ``tasks`` with at most ``concurrency`` execution actors alive at once.
 
-    ``on_started(execution_id, actor)`` lets a caller watch (or kill) an actor. An actor that dies
-    ends its execution as ``error``: the store writer records ``execution_finished`` with the reason.
+    ``on_started(execution_id, actor)`` lets a caller watch (or kill) an actor.
     """
-    queue = list(enumerate(tasks))
-    running: dict[Any, tuple[str, KeyTask, Any]] = {}
+    pool = ExecutionPool(task_config, router, writer, run_id=run_id, seed=seed, temperature=temperature,
+                         metadata=metadata)
+    queue = list(tasks)
     outcomes: list[ExecutionOutcome] = []
-    while queue or running:
-        while queue and len(running) < concurrency:
-            i, task = queue.pop(0)
-            eid = str(uuid.uuid4())
-            cls = ExecutionActor.options(max_concurrency=2)  # type: ignore[attr-defined]
-            actor = cls.remote(eid, task, task_config, router, writer, run_id=run_id, seed=seed * 1_000_003 + i,
-                               temperature=temperature, metadata=metadata)
-            running[actor.play.remote()] = (eid, task, actor)
+    while queue or pool.running:
+        while queue and len(pool.running) < concurrency:
+            eid, actor = pool.start(queue.pop(0))
             if on_started is not None:
                 on_started(eid, actor)
-        done, _ = ray.wait(list(running), num_returns=1)
-        for ref in done:
-            eid, task, actor = running.pop(ref)
-            try:
-                outcome = ExecutionOutcome(**ray.get(ref))
-            except RayActorError as exc:
-                reason = f"execution actor lost: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
-                ray.get(writer.finish_lost.remote(eid, reason, run_id=run_id, task_id=task.task_id))
-                outcome = ExecutionOutcome(eid, task.task_id, "error", message=reason, finished_at=time.time())
-            else:
-                ray.kill(actor)
+        for outcome in pool.poll():
             outcomes.append(outcome)
             if on_finished is not None:
                 on_finished(outcome)
