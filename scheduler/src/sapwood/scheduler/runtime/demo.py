@@ -61,7 +61,7 @@ class ElasticDemoConfig:
     seed: int = 0
     cells: int = 3
     capacity: int = 2
-    executions: int = 64
+    executions: int = 48
     batch_size: int = 8
     decode_delay_s: float = 0.01
     tail_alpha: float = 1.3
@@ -70,13 +70,17 @@ class ElasticDemoConfig:
     train_step_cell_s: float = 1.5
     tick_s: float = 0.1
     grace_s: float = 0.05
-    eval_executions: int = 32
+    eval_executions: int = 64
     schedules: tuple[str, ...] = ("elastic", "async", "colocate")
     out_dir: Path | None = None
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
+    critic_warmup_steps: int = 1
+    """Critic-only steps before the first policy update (the rollout demo's 4 would leave a short run untrained)."""
+
     def demo_config(self) -> DemoConfig:
-        return DemoConfig(seed=self.seed, eval_executions=self.eval_executions, pretrain=self.pretrain, plots=False)
+        return DemoConfig(seed=self.seed, eval_executions=self.eval_executions, pretrain=self.pretrain, plots=False,
+                          critic_warmup_steps=self.critic_warmup_steps)
 
 
 @dataclass

@@ -13,6 +13,20 @@ import matplotlib.pyplot as plt
 ROLE_COLOURS = {"rollout": "tab:blue", "train": "tab:orange", "idle": "lightgrey"}
 
 
+def role_segments(timeline: list[tuple[float, dict[str, str]]], cell_id: str,
+                  end_s: float) -> list[tuple[float, float, str]]:
+    """``(start, end, role)`` runs of one cell's role over a tick timeline."""
+    out: list[tuple[float, float, str]] = []
+    for t, roles in timeline:
+        role = roles[cell_id]
+        if out and out[-1][2] == role:
+            continue
+        if out:
+            out[-1] = (out[-1][0], t, out[-1][2])
+        out.append((t, end_s, role))
+    return out
+
+
 def plot_elastic(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """``roles.png`` (one row of bars per cell per schedule) and ``switch_phases.png`` (mean seconds)."""
     files = []
@@ -20,8 +34,8 @@ def plot_elastic(results: dict[str, Any], out_dir: Path) -> list[Path]:
     for ax, (name, res) in zip(axes[:, 0], results.items(), strict=True):
         cells = sorted(res.timeline[0][1]) if res.timeline else []
         for row, cid in enumerate(cells):
-            for (t, roles), (t_next, _) in zip(res.timeline, [*res.timeline[1:], (res.wall_s, {})], strict=True):
-                ax.barh(row, max(t_next - t, 0.0), left=t, color=ROLE_COLOURS[roles[cid]], height=0.8)
+            for start, end, role in role_segments(res.timeline, cid, res.wall_s):
+                ax.barh(row, end - start, left=start, color=ROLE_COLOURS[role], height=0.8)
         ax.set_yticks(range(len(cells)), cells)
         ax.set_title(f"{name}: {res.wall_s:.1f} s, {len(res.switches)} switches", fontsize=9)
         ax.set_xlim(0, max(r.wall_s for r in results.values()))
