@@ -58,7 +58,8 @@ def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None
         for n in names:
             phases = summary["schedules"][n]["switch_phase_mean_s"]
             if phases:
-                console.print(f"{n}: mean switch phases " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in phases.items()))
+                shown = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in phases.items())
+                console.print(f"{n}: mean switch phases {shown}")
         for p in summary["plots"]:
             console.print(f"plot: {p}")
     print(json.dumps(summary), flush=True)
