@@ -44,6 +44,8 @@ def run(
     from sapwood.scheduler.metrics import SchedulerMetrics
     from sapwood.scheduler.policy import load_policy
 
+    if actuator not in ("logging", "ray"):
+        raise typer.BadParameter(f"--actuator must be 'logging' or 'ray', got {actuator!r}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         pol = load_policy(policy, **parse_policy_args(policy_arg or []))
@@ -64,8 +66,6 @@ def run(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    if actuator not in ("logging", "ray"):
-        raise typer.BadParameter(f"--actuator must be 'logging' or 'ray', got {actuator!r}")
     act: Any = LoggingActuator()
     if actuator == "ray":
         from sapwood.learner.loop import latest_policy
