@@ -165,6 +165,8 @@ def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int) 
             read_ms.append((t1 - t0) * 1e3)
             decide_ms.append((t2 - t1) * 1e3)
             total_ms.append((t2 - t0) * 1e3)
+        reader.close()
+        lag = None
         store.close()
 
         def pct(xs: list[float]) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -156,3 +157,36 @@ def test_signals_reject_bad_values() -> None:
         Signals(at_s=float("nan"), cells=(), batch_size=1)
     with pytest.raises(ValueError, match="duplicate"):
         Signals(at_s=0, cells=(CellState("a"), CellState("a")), batch_size=1)
+
+
+def surplus_signals(at_s: float, since: float, demand: int) -> Signals:
+    """Two rollout cells of 4 slots and one train cell with a long step running."""
+    cells = (CellState("r0", "satellite", 4, "rollout", since), CellState("r1", "satellite", 4, "rollout", since),
+             CellState("t0", "core", 4, "train", 0.0))
+    return Signals(at_s=at_s, cells=cells, batch_size=BATCH, rollout_demand=demand, in_flight=demand,
+                   train_active=True, train_remaining_cell_s=3600.0, train_step_cell_s=3600.0, rollout_p50_s=600.0,
+                   rollout_completions_per_s=0.01, switch_cost_mean_s=1.0)
+
+
+def test_min_dwell_boundary_is_inclusive() -> None:
+    policy = ElasticPolicy(min_dwell_s=60.0, hysteresis_slots=0)
+    assignment: dict[str, Role] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
+    assert not policy.decide(surplus_signals(159.999, 100.0, 4), assignment).moves(assignment)
+    assert len(policy.decide(surplus_signals(160.0, 100.0, 4), assignment).moves(assignment)) == 1
+
+
+def test_hysteresis_boundary() -> None:
+    """Releasing one of two 4-slot cells leaves 4 slots: allowed iff 4 ≥ demand + hysteresis."""
+    assignment: dict[str, Role] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
+    for hysteresis, demand, moves in [(1, 3, 1), (1, 4, 0), (0, 4, 1), (0, 5, 0)]:
+        d = ElasticPolicy(min_dwell_s=0, hysteresis_slots=hysteresis).decide(surplus_signals(10, 0, demand), assignment)
+        assert len(d.moves(assignment)) == moves, (hysteresis, demand, d.reasons)
+
+
+def test_switch_cost_gate_boundary() -> None:
+    """Saved = min(idle 3600/1 s, work 3600/2 s) = 1800 s; the gate needs saved > margin × 2 × cost."""
+    assignment: dict[str, Role] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
+    policy = ElasticPolicy(min_dwell_s=0, hysteresis_slots=0, round_trip=True)
+    for cost, moves in [(899.999, 1), (900.0, 0)]:
+        s = dataclasses.replace(surplus_signals(10, 0, 0), switch_cost_mean_s=cost, in_flight=0)
+        assert len(policy.decide(s, assignment).moves(assignment)) == moves, cost

@@ -27,9 +27,14 @@ def simulate_cmd(
     plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
 ) -> None:
     """Simulate the workload under each policy; print a table and one JSON line (speed-ups over elastic)."""
-    from sapwood.scheduler.simulator import preset as get_preset
-    from sapwood.scheduler.simulator import simulate
-    from sapwood.scheduler.simulator.plots import plot_idle, plot_roles
+    try:
+        from sapwood.scheduler.simulator import preset as get_preset
+        from sapwood.scheduler.simulator import simulate
+        from sapwood.scheduler.simulator.plots import plot_idle, plot_roles
+    except ModuleNotFoundError as exc:
+        if exc.name != "simpy":
+            raise
+        raise typer.BadParameter("the simulator needs SimPy: pip install 'sapwood[scheduler]'") from None
 
     try:
         w = get_preset(preset)

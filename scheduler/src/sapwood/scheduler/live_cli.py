@@ -81,8 +81,7 @@ def run(
         loop.run(tick_s, ticks, stop.is_set)
     finally:
         sink.close()
-        if lag is not None:
-            lag.close()
+        reader.close()
         metrics.close()
         store.close()
 

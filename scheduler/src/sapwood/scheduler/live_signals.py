@@ -14,7 +14,8 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -56,12 +57,16 @@ class KafkaLag:
         got = self.admin.list_partition_offsets(specs, timeout_ms=self.timeout_ms)
         return {tp.partition: int(o.offset) for tp, o in got.items()}
 
-    def read(self, conn: Connection) -> tuple[PartitionLag, ...]:
-        ends = self.log_end()
+    def stored(self, conn: Connection) -> dict[int, int]:
         c = t.consumer_offsets.c
-        stored = {int(p): int(o) for p, o in conn.execute(
+        return {int(p): int(o) for p, o in conn.execute(
             sa.select(c.partition, c.next_offset).where(c.group_id == self.group, c.topic == self.topic))}
+
+    def combine(self, ends: dict[int, int], stored: dict[int, int]) -> tuple[PartitionLag, ...]:
         return tuple(PartitionLag(self.topic, p, end, stored.get(p, 0)) for p, end in sorted(ends.items()))
+
+    def read(self, conn: Connection) -> tuple[PartitionLag, ...]:
+        return self.combine(self.log_end(), self.stored(conn))
 
     def close(self) -> None:
         self.admin.close()
@@ -76,18 +81,17 @@ def backlog(conn: Connection, now: float) -> tuple[tuple[RunBacklog, ...], int]:
                         sa.and_(_ri.state == "claimed", _ri.lease_until < now))
         join = t.executions.outerjoin(t.run_items, sa.and_(_ri.run_id == run["run_id"],
                                                            _ri.execution_id == _e.execution_id))
+        publish = (run["config"] or {}).get("publish_run_id", run["run_id"])
+        latest_q = (sa.select(sa.func.max(t.policy_versions.c.version))
+                    .where(t.policy_versions.c.run_id == publish).scalar_subquery())
         q = (sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_e.n_output_tokens), 0),
-                       sa.func.min(_e.max_policy_version))
+                       sa.func.min(_e.max_policy_version), latest_q)
              .select_from(join)
              .where(flt.where(), _e.status.in_(FINISHED), unheld))
-        n, tokens, oldest = conn.execute(q).one()
+        n, tokens, oldest, latest = conn.execute(q).one()
         out.append(RunBacklog(run["run_id"], int(n), int(tokens)))
-        if oldest is not None:
-            publish = (run["config"] or {}).get("publish_run_id", run["run_id"])
-            latest = conn.execute(sa.select(sa.func.max(t.policy_versions.c.version))
-                                  .where(t.policy_versions.c.run_id == publish)).scalar()
-            if latest is not None:
-                stale = max(stale, int(latest) - int(oldest))
+        if oldest is not None and latest is not None:
+            stale = max(stale, int(latest) - int(oldest))
     return tuple(out), stale
 
 
@@ -141,16 +145,32 @@ class LiveSignalReader:
     lag: KafkaLag | None = None
     window_s: float = 600.0
     lost_after_s: float = 30.0
+    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+
+    def close(self) -> None:
+        """Stop the lag thread and close the Kafka admin client."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        if self.lag is not None:
+            self.lag.close()
 
     def read(self, now: float | None = None) -> Signals:
+        """One snapshot; the broker's log-end offsets are asked for while the store is read (one thread)."""
         now = time.time() if now is None else now
+        ends: Future[dict[int, int]] | None = None
+        if self.lag is not None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="sapwood-lag")
+            ends = self._pool.submit(self.lag.log_end)
         with self.engine.connect() as conn:
-            lags = self.lag.read(conn) if self.lag is not None else ()
+            stored = self.lag.stored(conn) if self.lag is not None else {}
             runs, stale = backlog(conn, now)
             n_flight, age = in_flight(conn, now)
             tp = throughput(conn, now, self.window_s)
             cell_states = cells(conn, now, self.lost_after_s)
             switch = switch_cost_mean(conn)
+        lags = self.lag.combine(ends.result(), stored) if self.lag is not None and ends is not None else ()
         return Signals(
             at_s=now, cells=cell_states, batch_size=self.batch_size,
             backlog_executions=sum(r.executions for r in runs), backlog_tokens=sum(r.tokens for r in runs),

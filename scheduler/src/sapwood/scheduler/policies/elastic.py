@@ -159,7 +159,8 @@ class ElasticPolicy:
         # size the rollout pool: the demand caps it; when both roles have work, balance the rates
         n_live = len(live)
         cap_cell = max(round(sum(c.capacity for c in live) / max(n_live, 1)), 1)
-        demand_cells = math.ceil(s.rollout_demand / cap_cell)
+        # hysteresis: the pool keeps hysteresis_slots of slack above the demand before it releases a cell
+        demand_cells = math.ceil((s.rollout_demand + self.hysteresis_slots) / cap_cell) if s.rollout_demand else 0
         want_r = min(demand_cells, n_live)
         if train_work:
             want_r = min(want_r, max(self.balanced_rollout_cells(s, n_live, cap_cell), 1 if s.rollout_demand else 0))
