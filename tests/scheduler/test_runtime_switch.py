@@ -152,3 +152,22 @@ def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type
         assert rt.query("SELECT role FROM cells WHERE cell_id = 'c0'")[0][0] == "idle"
     finally:
         rt.shutdown()
+
+
+def test_store_writer_records_an_execution_lost_before_it_started(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import uuid
+
+    from sapwood.scheduler.runtime.store_writer import StoreWriter
+
+    writer = StoreWriter.remote(f"sqlite:///{tmp_path / 'store.db'}")  # type: ignore[attr-defined]
+    try:
+        eid = str(uuid.uuid4())
+        with pytest.raises(ray.exceptions.RayTaskError, match="pass run_id and task_id"):
+            ray.get(writer.finish_lost.remote(eid, "gone"))
+        assert ray.get(writer.finish_lost.remote(eid, "actor lost before its first event", run_id="r", task_id="t"))
+        assert not ray.get(writer.finish_lost.remote(eid, "again", run_id="r", task_id="t"))  # finished already
+        rows = ray.get(writer.query.remote("SELECT status, message, metadata FROM executions"))
+        assert len(rows) == 1 and rows[0][0] == "error" and rows[0][1] == "actor lost before its first event"
+        assert "lost_before_start" in str(rows[0][2])
+    finally:
+        ray.kill(writer)
