@@ -171,3 +171,27 @@ def test_store_writer_records_an_execution_lost_before_it_started(tmp_path) -> N
         assert "lost_before_start" in str(rows[0][2])
     finally:
         ray.kill(writer)
+
+
+def test_routed_engine_refuses_an_answer_for_other_input_ids() -> None:
+    import numpy as np
+
+    from sapwood.rollout.engines import EngineError, SamplingParams
+    from sapwood.scheduler.runtime.cell import input_digest
+    from sapwood.scheduler.runtime.execution import RoutedEngine
+
+    assert input_digest([1, 2, 3]) == input_digest([1, 2, 3]) != input_digest([1, 2, 4])
+
+    @ray.remote(num_cpus=0)
+    class AnswersForOtherIds:
+        def generate(self, input_ids, params):  # type: ignore[no-untyped-def]
+            return {"status": "ok", "output_ids": np.array([5], dtype=np.int32),
+                    "logprobs": np.array([-0.1], dtype=np.float32), "policy_version": 0, "finish_reason": "length",
+                    "cell_id": "c9", "input_digest": input_digest([*input_ids, 0]), "timings": {}, "attempts": []}
+
+    router = AnswersForOtherIds.remote()  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(EngineError, match="other input ids"):
+            RoutedEngine(router).generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+    finally:
+        ray.kill(router)

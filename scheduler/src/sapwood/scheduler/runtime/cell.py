@@ -25,9 +25,17 @@ import ray
 
 from sapwood.rollout.engines import LocalTorchEngine, SamplingParams, _sampling_logprobs, load_model_state
 
-__all__ = ["Cell", "params_from_dict"]
+__all__ = ["Cell", "input_digest", "params_from_dict"]
 
 PREFIX_CACHE = 64
+
+
+def input_digest(input_ids: list[int]) -> str:
+    """BLAKE2b-128 of the int32 little-endian input ids: what a cell echoes so the caller can check that
+    the attempt that completed saw exactly its input."""
+    import hashlib
+
+    return hashlib.blake2b(np.asarray(input_ids, dtype="<i4").tobytes(), digest_size=16).hexdigest()
 
 
 def params_from_dict(d: dict[str, Any]) -> SamplingParams:
@@ -137,7 +145,7 @@ class Cell:
                 self.served += 1
             return {"status": "ok", "output_ids": np.asarray(out, dtype=np.int32),
                     "logprobs": np.minimum(np.asarray(lps, dtype=np.float32), 0.0), "policy_version": version,
-                    "finish_reason": finish, "cell_id": self.cell_id,
+                    "finish_reason": finish, "cell_id": self.cell_id, "input_digest": input_digest(call.input_ids),
                     "timings": {"latency_s": time.perf_counter() - t0, "prefill_s": prefill_s}}
         finally:
             with self._lock:

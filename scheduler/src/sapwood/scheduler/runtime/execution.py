@@ -26,6 +26,7 @@ from sapwood.rollout.engines import Engine, EngineError, Generation, SamplingPar
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
 from sapwood.rollout.tasks import BranchState, KeyRecallConfig, KeyRecallEnv, KeyTask
 from sapwood.rollout.worker import run_execution
+from sapwood.scheduler.runtime.cell import input_digest
 from sapwood.scheduler.runtime.store_writer import RayStoreTransport
 
 __all__ = ["CountingEnv", "ExecutionActor", "ExecutionOutcome", "ExecutionPool", "RoutedEngine", "run_executions"]
@@ -68,9 +69,13 @@ class RoutedEngine(Engine):
         body = params.to_dict()
         if self.decode_scale != 1.0:
             body["decode_scale"] = self.decode_scale
-        res = ray.get(self.router.generate.remote([int(t) for t in input_ids], body))
+        ids = [int(t) for t in input_ids]
+        res = ray.get(self.router.generate.remote(ids, body))
         if res.get("status") != "ok":
             raise EngineError(f"router could not serve the call: {res.get('reason')}")
+        if res.get("input_digest") != input_digest(ids):
+            raise EngineError(f"cell {res.get('cell_id')} answered for other input ids than this call's "
+                              f"({len(ids)} tokens); refusing to record it")
         if self.on_call is not None:
             self.on_call(res)
         self._version = int(res["policy_version"])
