@@ -132,6 +132,11 @@ def demo(
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     quiet: Annotated[bool, typer.Option(help="no progress bars or tables, only the JSON line")] = False,
     backend: Annotated[str, typer.Option(help="learner backend: torch | megatron")] = "torch",
+    elastic: Annotated[bool, typer.Option(help="the elastic runtime on Ray instead: cells moved by the scheduler, "
+                                          "against a static split and a colocated schedule")] = False,
+    cells: Annotated[int, typer.Option(help="--elastic: cells (Ray actors)")] = 3,
+    elastic_executions: Annotated[int, typer.Option(help="--elastic: executions per schedule")] = 48,
+    ray_address: Annotated[str | None, typer.Option(help="--elastic: join this Ray cluster")] = None,
 ) -> None:
     """Train a tiny agent with asynchronous single-rollout RL and record every call in Sapwood.
 
@@ -140,6 +145,12 @@ def demo(
     """
     from dataclasses import replace
 
+    if elastic:
+        from sapwood.scheduler.runtime.demo_cli import elastic_demo
+
+        elastic_demo(seed=seed, cells=cells, executions=elastic_executions, out_dir=out_dir, quiet=quiet,
+                     ray_address=ray_address, console=console)
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sapwood.platform.errors import ValidationError

@@ -27,6 +27,13 @@ def run(
     ticks: Annotated[int, typer.Option(min=0, help="stop after this many ticks (0: until SIGTERM)")] = 0,
     lost_after_s: Annotated[float, typer.Option(min=0.1, help="a cell silent this long is lost")] = 30.0,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus /metrics on this port")] = None,
+    actuator: Annotated[str, typer.Option(help="logging (moves nothing) or ray (moves the runtime's cells)")] = (
+        "logging"
+    ),
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster to join (--actuator ray)")] = None,
+    ray_prefix: Annotated[str, typer.Option(help="actor-name prefix of the elastic runtime")] = "sapwood",
+    policy_run: Annotated[str | None, typer.Option(help="run whose newest published policy cells entering "
+                                                        "rollout load (--actuator ray)")] = None,
 ) -> None:
     """Read the signals every tick, decide with POLICY, record each decision as a role_assigned event."""
     from sapwood.platform.settings import Settings
@@ -37,6 +44,8 @@ def run(
     from sapwood.scheduler.metrics import SchedulerMetrics
     from sapwood.scheduler.policy import load_policy
 
+    if actuator not in ("logging", "ray"):
+        raise typer.BadParameter(f"--actuator must be 'logging' or 'ray', got {actuator!r}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         pol = load_policy(policy, **parse_policy_args(policy_arg or []))
@@ -57,7 +66,17 @@ def run(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    loop = SchedulerLoop(reader.read, pol, sink, LoggingActuator(), metrics)
+    act: Any = LoggingActuator()
+    if actuator == "ray":
+        from sapwood.learner.loop import latest_policy
+        from sapwood.scheduler.runtime.actuator import RayActuator
+
+        source = (lambda: latest_policy(store, policy_run)) if policy_run else None
+        try:
+            act = RayActuator.connect(ray_prefix, address=ray_address, policy_source=source)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    loop = SchedulerLoop(reader.read, pol, sink, act, metrics)
     try:
         loop.run(tick_s, ticks, stop.is_set)
     finally:

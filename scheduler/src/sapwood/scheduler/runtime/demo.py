@@ -1,0 +1,330 @@
+"""``sapwood demo --elastic``: the elastic runtime end to end on the CPU (local Ray, SQLite store).
+
+N cells (Ray actors) serve a key-recall task family whose rollout durations are long-tailed (each
+execution's per-token latency is scaled by a Pareto draw); executions play in their own actors; a
+learner trains CompactionRL + SAO steps on what the store holds and publishes each version; each tick
+a scheduler policy (``elastic``, ``colocate`` or the static ``async`` split) reads the signals and the
+runtime moves cells with the switch protocol. The same seeds run under each schedule.
+
+Cost model (said plainly): two shared CPU cores cannot show parallel speed-ups, so a cell's compute is
+modelled by occupancy — ``decode_delay_s`` per generated token (× the execution's scale) while
+serving, and ``train_step_cell_s`` per step split over the train cells. The calls, tokens, switches,
+store and learning are real.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from sapwood.learner.loop import Learner, latest_policy
+from sapwood.learner.model import TinyActorCritic, TorchBackend
+from sapwood.learner.source import SourceConfig
+from sapwood.learner.trainer import SAOTrainer
+from sapwood.platform import runs
+from sapwood.platform.events import PolicyPublished
+from sapwood.platform.store import Store
+from sapwood.rollout.demo import DemoConfig, eval_tasks, evaluate, pretrained_policy
+from sapwood.rollout.engines import LocalTorchEngine
+from sapwood.rollout.pretrain import PretrainConfig
+from sapwood.rollout.recorder import Recorder
+from sapwood.rollout.tasks import KeyRecallEnv
+from sapwood.rollout.transports import InProcessTransport
+from sapwood.scheduler.policy import load_policy
+from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
+from sapwood.scheduler.runtime.execution import ExecutionOutcome, ExecutionPool
+from sapwood.scheduler.signals import CellState, Signals
+
+__all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule"]
+
+POLICY_ARGS: dict[str, dict[str, Any]] = {
+    "elastic": {"min_dwell_s": 1.0, "switch_cost_prior_s": 0.2, "hysteresis_slots": 0, "staleness_bound": 1},
+    "colocate": {},
+    "async": {"rollout_fraction": 0.67},
+}
+
+
+@dataclass(frozen=True)
+class ElasticDemoConfig:
+    """An elastic demo run; every schedule plays the same ``executions`` tasks with the same seeds."""
+
+    seed: int = 0
+    cells: int = 3
+    capacity: int = 2
+    executions: int = 48
+    batch_size: int = 8
+    decode_delay_s: float = 0.01
+    tail_alpha: float = 1.3
+    """Pareto shape of each execution's latency scale (smaller: longer tail), clipped to ``tail_cap``."""
+    tail_cap: float = 12.0
+    train_step_cell_s: float = 1.5
+    tick_s: float = 0.1
+    grace_s: float = 0.05
+    eval_executions: int = 64
+    schedules: tuple[str, ...] = ("elastic", "async", "colocate")
+    out_dir: Path | None = None
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+
+    critic_warmup_steps: int = 1
+    """Critic-only steps before the first policy update (the rollout demo's 4 would leave a short run untrained)."""
+
+    def demo_config(self) -> DemoConfig:
+        return DemoConfig(seed=self.seed, eval_executions=self.eval_executions, pretrain=self.pretrain, plots=False,
+                          critic_warmup_steps=self.critic_warmup_steps)
+
+
+@dataclass
+class ScheduleResult:
+    """What one schedule did: wall time, trained steps, the role timeline, switches and the store checks."""
+
+    schedule: str
+    wall_s: float
+    steps: int
+    outcomes: list[ExecutionOutcome]
+    timeline: list[tuple[float, dict[str, str]]]
+    switches: list[dict[str, Any]]
+    router: dict[str, Any]
+    store_check: dict[str, int]
+    rewards: list[float]
+    final_state: dict[str, torch.Tensor]
+    final_version: int
+
+    def summary(self) -> dict[str, Any]:
+        phases: dict[str, list[float]] = {}
+        for sw in self.switches:
+            for name, secs in sw["phases"].items():
+                phases.setdefault(name, []).append(secs)
+        third = max(len(self.rewards) // 3, 1)
+        return {
+            "schedule": self.schedule, "wall_s": round(self.wall_s, 2), "steps": self.steps,
+            "executions": len(self.outcomes), "switches": len(self.switches),
+            "switch_phase_mean_s": {k: round(float(np.mean(v)), 4) for k, v in phases.items()},
+            "calls_rerouted": int(self.router.get("rerouted", 0)),
+            "attempts_aborted": int(self.router.get("aborted", 0)),
+            **self.store_check,
+            "train_reward_first_third": round(float(np.mean(self.rewards[:third])), 4) if self.rewards else None,
+            "train_reward_last_third": round(float(np.mean(self.rewards[-third:])), 4) if self.rewards else None,
+        }
+
+
+def _scales(cfg: ElasticDemoConfig) -> list[float]:
+    rng = np.random.default_rng([cfg.seed, 4099])
+    return [float(min(1.0 + rng.pareto(cfg.tail_alpha), cfg.tail_cap)) for _ in range(cfg.executions)]
+
+
+def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.Tensor], out_dir: Path,
+                 on_tick: Callable[[str, int, int], None] | None = None) -> ScheduleResult:
+    """Train on ``cfg.executions`` executions with cells moved by policy ``schedule``."""
+    dcfg = cfg.demo_config()
+    model_cfg = dcfg.model_config()
+    tag = f"elastic-{schedule}-s{cfg.seed}-{uuid.uuid4().hex[:6]}"
+    rollout_run, train_run = tag, f"{tag}-learn"
+    url = f"sqlite:///{out_dir / f'{schedule}.db'}"
+    store = Store.open(url)
+    ckpt = out_dir / f"checkpoints-{schedule}"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": state0, "policy_version": 0}, ckpt / "policy-v000000.pt")
+    with store.transaction() as conn:
+        runs.create_run(conn, train_run, runs.ExecutionFilter(run_id=rollout_run), kind="live", seed=cfg.seed,
+                        description=f"sapwood demo --elastic ({schedule})")
+    store.apply([PolicyPublished(run_id=train_run, version=0, checkpoint=str(ckpt / "policy-v000000.pt"))])
+    policy = load_policy(schedule, **POLICY_ARGS.get(schedule, {}))
+    ids = [f"cell-{i}" for i in range(cfg.cells)]
+    first = policy.initial_assignment(ids)
+    specs = [CellSpec(cid, capacity=cfg.capacity, role=first[cid], tier="core" if i == 0 else "satellite")
+             for i, cid in enumerate(ids)]
+    rt = ElasticRuntime(url, specs, model_cfg, state0, seed=cfg.seed, decode_delay_s=cfg.decode_delay_s,
+                        grace_s=cfg.grace_s, policy_source=lambda: latest_policy(store, train_run),
+                        policy_name=schedule)
+    torch.manual_seed(cfg.seed + 1)
+    model = TinyActorCritic(model_cfg)
+    model.load_state_dict(state0)
+    lcfg = dcfg.learner_config()
+    backend = TorchBackend(model, lcfg.optim, critic_grad_clip=lcfg.critic.grad_clip)
+    learner = Learner(store, train_run, SAOTrainer(backend, lcfg), learner_id=f"{tag}-learner", checkpoint_dir=ckpt,
+                      source_config=SourceConfig(jmax=dcfg.jmax, executions_per_batch=cfg.batch_size,
+                                                 train_summaries=True, seed=cfg.seed))
+    pool = ExecutionPool(dcfg.task, rt.router, rt.writer, run_id=rollout_run, seed=cfg.seed)
+    tasks = [KeyRecallEnv(dcfg.task).sample_task(np.random.default_rng([cfg.seed, 31, i]), task_id=f"task-{i}")
+             for i in range(cfg.executions)]
+    scales = _scales(cfg)
+    max_staleness = int(getattr(policy, "max_staleness", 1) or 0)
+    outcomes: list[ExecutionOutcome] = []
+    timeline: list[tuple[float, dict[str, str]]] = []
+    rewards: list[float] = []
+    role_since = dict.fromkeys(ids, 0.0)
+    training: dict[str, Any] = {"thread": None, "started": 0.0, "trained": 0, "steps": 0, "error": None}
+    t0 = time.perf_counter()
+
+    def train_step(train_cells: list[str]) -> None:
+        try:
+            share = cfg.train_step_cell_s / max(len(train_cells), 1)
+            work = [rt.cells[c].train_work.remote(share) for c in train_cells]
+            metrics = learner.step(timeout_s=5.0)
+            ray.get(work)
+            if metrics is not None:
+                training["trained"] += int(metrics.get("learner/executions", 0))
+                training["steps"] += 1
+                rewards.append(float(metrics.get("learner/rewards_mean", 0.0)))
+                found = latest_policy(store, train_run)
+                if found is not None:  # serving cells pick the new version up between calls
+                    serving = [c for c, r in rt.roles.items() if r == "rollout"]
+                    ray.get([rt.cells[c].load_checkpoint.remote(found[1], found[0]) for c in serving])
+        except BaseException as exc:
+            training["error"] = exc
+
+    try:
+        next_task = 0
+        while training["trained"] < cfg.executions:
+            now = time.perf_counter() - t0
+            if training["error"] is not None:
+                raise training["error"]
+            finished = len(outcomes)
+            backlog = finished - training["trained"]
+            in_flight = len(pool.running)
+            admit = cfg.batch_size * (1 + max_staleness)
+            while next_task < len(tasks) and backlog + len(pool.running) < admit:
+                pool.start(tasks[next_task], decode_scale=scales[next_task])
+                next_task += 1
+            outcomes += pool.poll(timeout_s=0)
+            thread = training["thread"]
+            active = thread is not None and thread.is_alive()
+            train_cells = [c for c, r in rt.roles.items() if r == "train"]
+            if not active and train_cells and backlog >= min(cfg.batch_size, cfg.executions - training["trained"]):
+                training["started"] = now
+                thread = threading.Thread(target=train_step, args=(train_cells,), daemon=True)
+                training["thread"] = thread
+                thread.start()
+                active = True
+            remaining = max(cfg.train_step_cell_s - (now - training["started"]) * max(len(train_cells), 1), 0.0)
+            done_rate = finished / now if now > 0 else 0.0
+            durations = [o.finished_at - o.started_at for o in outcomes if o.finished_at > 0]
+            costs = [sum(s["phases"].values()) for s in (_switch_json(r) for r in rt.coordinator.reports)]
+            signals = Signals(
+                at_s=now, batch_size=cfg.batch_size, backlog_executions=backlog, in_flight=in_flight,
+                rollout_demand=len(pool.running) + max(min(admit - backlog - len(pool.running),
+                                                           len(tasks) - next_task), 0),
+                train_active=active, train_remaining_cell_s=remaining if active else 0.0,
+                train_step_cell_s=cfg.train_step_cell_s,
+                rollout_p50_s=float(np.median(durations)) if durations else 0.0,
+                rollout_completions_per_s=done_rate, policy_version=training["steps"],
+                switch_cost_mean_s=float(np.mean(costs[-8:])) if costs else 0.0,
+                cells=tuple(CellState(cell_id=c, tier=rt.specs[c].tier, capacity=cfg.capacity, role=rt.roles[c],  # type: ignore[arg-type]
+                                      role_since_s=role_since[c]) for c in ids))
+            decision = policy.decide(signals, dict(rt.roles))  # type: ignore[arg-type]
+            for cid, (_, new) in sorted(decision.moves(dict(rt.roles)).items()):  # type: ignore[arg-type]
+                if new == "train" and active:
+                    continue  # a cell joins training at the next step (the step's cells are fixed when it starts)
+                rt.assign(cid, new, reason=decision.reasons.get(cid, ""), signals={"at_s": now, "backlog": backlog})
+                role_since[cid] = time.perf_counter() - t0
+            timeline.append((now, dict(rt.roles)))
+            if on_tick is not None:
+                on_tick(schedule, training["trained"], cfg.executions)
+            outcomes += pool.poll(timeout_s=cfg.tick_s)
+        wall = time.perf_counter() - t0
+        thread = training["thread"]
+        if thread is not None:
+            thread.join()
+        outcomes += pool.poll(timeout_s=30) if pool.running else []
+        router_stats = ray.get(rt.router.stats.remote())
+        check = store_check(rt, outcomes)
+        final = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+        return ScheduleResult(schedule, wall, training["steps"], outcomes, timeline,
+                              [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
+                              final, backend.policy_version)
+    finally:
+        learner.close()
+        rt.shutdown()
+        store.close()
+
+
+def _switch_json(rep: Any) -> dict[str, Any]:
+    return {"cell_id": rep.cell_id, "from": rep.from_role, "to": rep.to_role, "phases": dict(rep.phases),
+            "aborted_calls": rep.aborted_calls, "at": rep.started_at}
+
+
+def store_check(rt: ElasticRuntime, outcomes: list[ExecutionOutcome]) -> dict[str, int]:
+    """Calls lost / duplicated (completed calls the executions saw vs. calls the store holds, per execution),
+    environments reset beyond their start, executions missing from the store or not finished."""
+    rows = rt.query("SELECT execution_id, status, n_calls FROM executions")
+    by_id = {str(uuid.UUID(str(e))): (str(s), int(n)) for e, s, n in rows}
+    lost = dup = missing = unfinished = 0
+    for o in outcomes:
+        got = by_id.get(o.execution_id)
+        if got is None:
+            missing += 1
+            continue
+        status, n = got
+        unfinished += status == "running"
+        lost += max(o.calls - n, 0)
+        dup += max(n - o.calls, 0)
+    return {"calls_lost": lost, "calls_duplicated": dup, "envs_reset": sum(max(o.resets - 1, 0) for o in outcomes),
+            "executions_missing": missing, "executions_unfinished": unfinished,
+            "executions_error": sum(o.status == "error" for o in outcomes)}
+
+
+def _eval(cfg: ElasticDemoConfig, state: dict[str, torch.Tensor], version: int, phase: str, out_dir: Path) -> float:
+    dcfg = cfg.demo_config()
+    store = Store.open(f"sqlite:///{out_dir / 'eval.db'}")
+    try:
+        rec = Recorder(InProcessTransport(store, batch_size=256), run_id=f"eval-{phase}", engine="local-torch",
+                       vocab_size=dcfg.model_config().vocab_size, task_family="key-recall")
+        engine = LocalTorchEngine(dcfg.model_config(), state=state, policy_version=version, seed=cfg.seed)
+        reports = evaluate(dcfg, engine, rec, eval_tasks(dcfg), phase)
+        rec.close()
+        return float(np.mean([r.reward for r in reports]))
+    finally:
+        store.close()
+
+
+def run_elastic_demo(cfg: ElasticDemoConfig, *, on_tick: Callable[[str, int, int], None] | None = None,
+                     ray_address: str | None = None) -> dict[str, Any]:
+    """Every schedule on the same seeds; returns the JSON summary (and writes plots into ``out_dir``)."""
+    from sapwood.scheduler.runtime.demo_plots import plot_elastic
+
+    t_start = time.perf_counter()
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(tempfile.mkdtemp(prefix="sapwood-elastic-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    state0, _, _ = pretrained_policy(cfg.demo_config())
+    timings["pretrain_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    init_ray(ray_address)
+    timings["ray_init_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    start_reward = _eval(cfg, state0, 0, "eval-start", out_dir) if cfg.eval_executions else None
+    timings["eval_s"] = time.perf_counter() - t
+    results = {}
+    for name in cfg.schedules:
+        t = time.perf_counter()
+        results[name] = run_schedule(cfg, name, state0, out_dir, on_tick)
+        timings[f"{name}_total_s"] = time.perf_counter() - t
+    summary: dict[str, Any] = {"config": {k: v for k, v in vars(replace(cfg, out_dir=None)).items()
+                                          if k not in ("pretrain",)},
+                               "eval_reward_start": start_reward, "schedules": {}}
+    for name, res in results.items():
+        s = res.summary()
+        if cfg.eval_executions:
+            s["eval_reward_end"] = _eval(cfg, res.final_state, res.final_version, f"eval-end-{name}", out_dir)
+        summary["schedules"][name] = s
+    if "elastic" in results:
+        for other in ("async", "colocate"):
+            if other in results:
+                summary[f"wall_{other}_over_elastic"] = round(results[other].wall_s / results["elastic"].wall_s, 3)
+    summary["plots"] = [str(p) for p in plot_elastic(results, out_dir)]
+    summary["out_dir"] = str(out_dir)
+    summary["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+    summary["total_s"] = round(time.perf_counter() - t_start, 1)
+    return summary

@@ -1,0 +1,142 @@
+"""The one actor that writes the store, and the transport that executions and cells record through.
+
+An embedded run keeps its store in one SQLite file; many processes applying to it would fight over
+its single write lock, so every event goes to :class:`StoreWriter` (a Ray actor) which applies them
+through the ordinary :class:`~sapwood.rollout.transports.InProcessTransport`. Ray runs the calls one
+caller makes to one actor in the order they were made, so each execution's events arrive in ``seq``
+order without waiting for an answer per event.
+
+The writer also remembers the last ``seq`` it saw of every execution: when an execution's actor dies,
+:meth:`StoreWriter.finish_lost` records ``execution_finished(status="error", message=reason)`` after
+the last event that reached it, and drops anything of that execution that arrives later.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ray
+
+from sapwood.platform.events import Event, ExecutionFinished, ExecutionStarted
+from sapwood.platform.store import Store
+from sapwood.rollout.transports import InProcessTransport, Transport, TransportError
+
+__all__ = ["RayStoreTransport", "StoreWriter"]
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class StoreWriter:
+    """Applies events to the store at ``url`` (migrating it first); one instance per store."""
+
+    def __init__(self, url: str, *, batch_size: int = 64) -> None:
+        self.url = url
+        self.store = Store.open(url)
+        self._rejected: list[tuple[str, str | None, str]] = []
+        self._transport = InProcessTransport(self.store, batch_size=batch_size, on_delivery=self._on_delivery)
+        self._last_seq: dict[str, int] = {}
+        self._closed: set[str] = set()
+        self.dropped_late = 0
+        self.applied = 0
+
+    def _on_delivery(self, event: Event, error: BaseException | None) -> None:
+        if error is None:
+            self.applied += 1
+        else:
+            self._rejected.append((event.event_id, event.execution_id, f"{type(error).__name__}: {error}"))
+
+    def apply(self, events: list[Event]) -> int:
+        """Queue ``events`` for the store (applied in batches, at each execution's end and on flush)."""
+        taken = 0
+        for ev in events:
+            eid = ev.execution_id
+            if eid is not None and eid in self._closed:
+                self.dropped_late += 1
+                continue
+            if eid is not None and ev.seq is not None:
+                self._last_seq[eid] = max(self._last_seq.get(eid, -1), ev.seq)
+            if isinstance(ev, ExecutionFinished) and eid is not None:
+                self._closed.add(eid)
+            self._transport.send(ev)
+            taken += 1
+        return taken
+
+    def flush(self, execution_id: str | None = None) -> list[tuple[str, str | None, str]]:
+        """Apply everything queued; returns ``(event_id, execution_id, error)`` of rejected events
+        (of ``execution_id`` only when given; those are then forgotten)."""
+        self._transport._apply_buffer()
+        if execution_id is None:
+            out, self._rejected = self._rejected, []
+            return out
+        mine = [r for r in self._rejected if r[1] == execution_id]
+        self._rejected = [r for r in self._rejected if r[1] != execution_id]
+        return mine
+
+    def finish_lost(self, execution_id: str, reason: str, *, run_id: str = "", task_id: str = "") -> bool:
+        """Record that ``execution_id`` ended as ``error`` because its actor was lost.
+
+        Returns False (and records nothing) when the execution had already finished. An execution that
+        never got its ``execution_started`` here is started first (run ``run_id``, task ``task_id``)
+        so the failure is on record, never silently missing.
+        """
+        if execution_id in self._closed:
+            return False
+        seq = self._last_seq.get(execution_id)
+        if seq is None:
+            if not run_id or not task_id:
+                raise ValueError(f"execution {execution_id} has no events here: pass run_id and task_id to record it")
+            self.apply([ExecutionStarted(execution_id=execution_id, seq=0, run_id=run_id, task_id=task_id,
+                                         metadata={"lost_before_start": True})])
+            seq = 0
+        msg = reason if len(reason) <= 2000 else reason[:1997] + "..."
+        self.apply([ExecutionFinished(execution_id=execution_id, seq=seq + 1, status="error", message=msg)])
+        self.flush()
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {"applied": self.applied, "dropped_late": self.dropped_late, "rejected_pending": len(self._rejected)}
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Rows of a read-only SQL query against the store (tests and the demo check the record)."""
+        import sqlalchemy as sa
+
+        self._transport._apply_buffer()
+        with self.store.transaction() as conn:
+            return [tuple(r) for r in conn.execute(sa.text(sql), params or {})]
+
+    def close(self) -> None:
+        self._transport.close()
+        self.store.close()
+
+
+class RayStoreTransport(Transport):
+    """Sends each event to a :class:`StoreWriter` without waiting; :meth:`flush` waits and reports rejects.
+
+    ``execution_id`` (optional) limits the rejects :meth:`flush` reports to one execution's.
+    """
+
+    def __init__(self, writer: Any, *, execution_id: str | None = None) -> None:
+        super().__init__()
+        self.writer = writer
+        self.execution_id = execution_id
+        self._pending: list[Any] = []
+        self._lock = threading.Lock()
+
+    def send(self, event: Event) -> None:
+        with self._lock:
+            self._pending.append(self.writer.apply.remote([event]))
+            if len(self._pending) > 256:
+                ray.get(self._pending)
+                self._pending.clear()
+
+    def flush(self, timeout: float | None = None) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        ray.get(pending, timeout=timeout)
+        rejected = ray.get(self.writer.flush.remote(self.execution_id), timeout=timeout)
+        if rejected:
+            shown = "; ".join(f"{eid} ({ex}): {err}" for eid, ex, err in rejected[:5])
+            raise TransportError(f"the store rejected {len(rejected)} event(s): {shown}")
+
+    def close(self, timeout: float | None = None) -> None:
+        self.flush(timeout)

@@ -1,0 +1,169 @@
+"""The switch protocol: move one cell to a new role without losing or duplicating a call.
+
+Phases (each recorded as a ``switch_phase`` event with its duration, through the store writer):
+
+1. ``drain`` — the router sends the cell no new call and the cell admits none.
+2. ``grace`` — calls in flight get up to ``grace_s`` to finish where they are.
+3. ``abort`` — the rest are aborted; their partial outputs are discarded (they never reached the
+   recorder, so no trainable token of an aborted attempt exists anywhere).
+4. ``kv_handoff`` — a :class:`KVHandoff` moves each aborted call's prefix state to the cell the router
+   picked for it. :class:`RecomputeHandoff` (the local engine cannot export its state) recomputes it
+   on the target; the phase's duration is that measured recompute cost.
+5. ``reroute`` — the aborted calls are released; the router re-issues each with the exact same input
+   ids on its target; the phase ends when all were re-admitted.
+6. ``weight_load`` — entering rollout: the newest published policy; entering train: the authoritative
+   parameters of a core cell.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import ray
+
+from sapwood.platform.events import SwitchPhase
+
+__all__ = ["KVHandoff", "RecomputeHandoff", "SwitchCoordinator", "SwitchReport"]
+
+#: Returns ``(version, checkpoint path)`` of the newest published policy, or None.
+PolicySource = Callable[[], "tuple[int, str] | None"]
+
+
+class KVHandoff(Protocol):
+    """Moves the serving state of aborted calls from ``source`` to their new cells."""
+
+    name: str
+
+    def transfer(self, source: Any, targets: dict[str, Any], calls: list[tuple[str, list[int]]]) -> float:
+        """``targets`` maps call key to the target cell handle; returns seconds spent."""
+        ...
+
+
+class RecomputeHandoff:
+    """Fallback: the target recomputes each aborted call's prefix from its input ids (measured)."""
+
+    name = "recompute"
+
+    def transfer(self, source: Any, targets: dict[str, Any], calls: list[tuple[str, list[int]]]) -> float:
+        refs = [targets[key].prefill.remote(ids) for key, ids in calls if key in targets]
+        return float(sum(ray.get(refs))) if refs else 0.0
+
+
+@dataclass
+class SwitchReport:
+    """One switch: the roles, each phase's seconds, and the calls it moved."""
+
+    cell_id: str
+    from_role: str
+    to_role: str
+    phases: dict[str, float] = field(default_factory=dict)
+    aborted_calls: int = 0
+    finished_in_grace: bool = True
+    policy_version: int | None = None
+    started_at: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.phases.values())
+
+
+class SwitchCoordinator:
+    """Runs the switch protocol from the driver.
+
+    Args:
+        cells: cell id → actor handle.
+        roles: cell id → current role (kept up to date by :meth:`switch`).
+        router: the :class:`~sapwood.scheduler.runtime.router.Router` actor.
+        writer: the :class:`~sapwood.scheduler.runtime.store_writer.StoreWriter` actor (events).
+        policy_source: newest published ``(version, checkpoint)`` for cells entering rollout.
+        core_cell: id of the core cell whose parameters a cell entering train loads (None: the first
+            core cell other than the switching one that is training).
+        tiers: cell id → ``core`` | ``satellite``.
+    """
+
+    def __init__(self, cells: dict[str, Any], roles: dict[str, str], router: Any, writer: Any, *,
+                 policy_source: PolicySource | None = None, tiers: dict[str, str] | None = None,
+                 handoff: KVHandoff | None = None, grace_s: float = 0.5, reroute_timeout_s: float = 30.0,
+                 core_cell: str | None = None) -> None:
+        self.cells, self.roles, self.router, self.writer = cells, roles, router, writer
+        self.policy_source = policy_source
+        self.tiers = tiers or dict.fromkeys(cells, "core")
+        self.handoff: KVHandoff = handoff or RecomputeHandoff()
+        self.grace_s, self.reroute_timeout_s = grace_s, reroute_timeout_s
+        self.core_cell = core_cell
+        self.reports: list[SwitchReport] = []
+
+    def _core_for(self, cell_id: str) -> str | None:
+        if self.core_cell is not None and self.core_cell != cell_id:
+            return self.core_cell
+        for cid, role in self.roles.items():
+            if cid != cell_id and role == "train" and self.tiers.get(cid) == "core":
+                return cid
+        return None
+
+    def switch(self, cell_id: str, to_role: str, *, record: bool = True) -> SwitchReport:
+        """Move ``cell_id`` to ``to_role``; returns what each phase took. ``record`` sends each phase as a
+        ``switch_phase`` event to the store writer (the live loop records the phases itself: False)."""
+        if cell_id not in self.cells:
+            raise KeyError(f"unknown cell {cell_id!r}; known: {sorted(self.cells)}")
+        if to_role not in ("rollout", "train", "idle"):
+            raise ValueError(f"role must be rollout, train or idle, got {to_role!r}")
+        cell = self.cells[cell_id]
+        rep = SwitchReport(cell_id, self.roles.get(cell_id, "idle"), to_role, started_at=time.time())
+        if rep.from_role == "rollout" and to_role != "rollout":
+            self._leave_rollout(cell_id, cell, rep)
+        t = time.perf_counter()
+        if to_role == "rollout" and rep.from_role != "rollout":
+            found = self.policy_source() if self.policy_source is not None else None
+            if found is not None:
+                rep.policy_version = found[0]
+                ray.get(cell.load_checkpoint.remote(found[1], found[0]))
+            rep.phases["weight_load"] = time.perf_counter() - t
+        elif to_role == "train" and rep.from_role != "train":
+            core = self._core_for(cell_id)
+            if core is not None:
+                rep.policy_version, _ = ray.get(cell.load_from_core.remote(self.cells[core]))
+            rep.phases["weight_load"] = time.perf_counter() - t
+        ray.get(cell.set_role.remote(to_role))
+        ray.get(self.router.set_role.remote(cell_id, to_role))
+        self.roles[cell_id] = to_role
+        if record:
+            self._record(rep)
+        self.reports.append(rep)
+        return rep
+
+    def _leave_rollout(self, cell_id: str, cell: Any, rep: SwitchReport) -> None:
+        t = time.perf_counter()
+        ray.get(self.router.drain.remote(cell_id))
+        ray.get(cell.drain.remote())
+        rep.phases["drain"] = time.perf_counter() - t
+        t = time.perf_counter()
+        rep.finished_in_grace = bool(ray.get(cell.wait_idle.remote(self.grace_s)))
+        rep.phases["grace"] = time.perf_counter() - t
+        if rep.finished_in_grace:
+            return
+        t = time.perf_counter()
+        aborted = ray.get(cell.abort_inflight.remote())
+        rep.aborted_calls = len(aborted)
+        rep.phases["abort"] = time.perf_counter() - t
+        keys = [k for k, _ in aborted]
+        plan = ray.get(self.router.plan_reroute.remote(keys, cell_id))
+        targets = {k: self.cells[c] for k, c in plan.items() if c is not None}
+        rep.phases["kv_handoff"] = self.handoff.transfer(cell, targets, aborted)
+        t = time.perf_counter()
+        ray.get(cell.release_aborted.remote())
+        ok = ray.get(self.router.wait_rerouted.remote(keys, self.reroute_timeout_s))
+        rep.phases["reroute"] = time.perf_counter() - t
+        if not ok:
+            raise RuntimeError(f"switch of {cell_id}: {len(keys)} aborted calls were not re-admitted within "
+                               f"{self.reroute_timeout_s} s (no other rollout cell with a free slot?)")
+        ray.get(cell.wait_idle.remote(self.reroute_timeout_s))
+
+    def _record(self, rep: SwitchReport) -> None:
+        events = [SwitchPhase(cell_id=rep.cell_id, phase=name, duration_s=float(max(secs, 0.0)), role=rep.to_role)
+                  for name, secs in rep.phases.items()]
+        if events:
+            ray.get(self.writer.apply.remote(events))

@@ -1,0 +1,197 @@
+"""A role switch with calls in flight, and cells or executions killed mid-run (local Ray, SQLite store)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from sapwood.scheduler.runtime.cluster import CellSpec  # noqa: E402
+from support.elastic_runtime import Background, executions, start_runtime, store_calls  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _wait(cond, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _in_flight(rt, cell_id: str) -> int:  # type: ignore[no-untyped-def]
+    return int(ray.get(rt.cells[cell_id].status.remote())["in_flight"])
+
+
+def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # 0.15 s per token keeps a call in flight long enough to be caught by the switch (abort, not grace)
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.15)
+    try:
+        bg = Background(rt, n=4, concurrency=4)
+        _wait(lambda: len(bg.actors) == 4 and all(ray.get(a.progress.remote())["calls"] > 0
+                                                  for a in bg.actors.values()), what="four executions calling")
+        _wait(lambda: _in_flight(rt, "c0") > 0, what="calls in flight on c0")
+        before = {eid: ray.get(a.progress.remote()) for eid, a in bg.actors.items()}
+        report = rt.assign("c0", "train", reason="test")
+        assert report.aborted_calls >= 1, report
+        assert {"drain", "grace", "abort", "kv_handoff", "reroute", "weight_load"} <= set(report.phases)
+        outcomes = bg.join()
+        stats = ray.get(rt.router.stats.remote())
+        assert stats["aborted"] >= report.aborted_calls and stats["rerouted"] >= report.aborted_calls
+        in_store = store_calls(rt)
+        assert len(outcomes) == 4
+        for o in outcomes:
+            assert o.status in ("success", "timeout"), o
+            assert o.resets == 1  # the environment was never reset by the switch
+            assert o.steps >= before[o.execution_id]["steps"]  # and its step counter went on from where it was
+            row = in_store[o.execution_id]
+            assert row["calls"] == o.calls == row["distinct_seq"]  # every completed call once, none lost
+            assert row["actions"] == o.steps  # one recorded action call per environment step
+        assert sum(o.steps for o in outcomes) > sum(p["steps"] for p in before.values())
+        assert sum(o.rerouted_calls for o in outcomes) == report.aborted_calls
+        served = {o.execution_id: o.cells or {} for o in outcomes}
+        after_switch = ray.get(rt.cells["c0"].status.remote())
+        assert after_switch["role"] == "train" and after_switch["in_flight"] == 0
+        assert sum(c.get("c1", 0) for c in served.values()) > 0
+        phases = {p for (p,) in rt.query("SELECT phase FROM switch_phases WHERE cell_id = 'c0'")}
+        assert phases == set(report.phases)
+        (status,) = rt.query("SELECT role FROM cells WHERE cell_id = 'c0'")[0]
+        assert status == "train"
+        assert {e: s for e, (s, _) in executions(rt).items()} == {o.execution_id: o.status for o in outcomes}
+    finally:
+        rt.shutdown()
+
+
+def test_killed_cell_calls_are_reissued_and_no_execution_is_lost(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.03)
+    try:
+        bg = Background(rt, n=3, concurrency=3)
+        _wait(lambda: _in_flight(rt, "c0") > 0, what="calls in flight on c0")
+        ray.kill(rt.cells["c0"])
+        outcomes = bg.join()
+        stats = ray.get(rt.router.stats.remote())
+        assert "c0" in stats["lost_cells"] and stats["cell_lost"] >= 1
+        assert [o.status in ("success", "timeout") for o in outcomes] == [True] * 3
+        in_store = store_calls(rt)
+        for o in outcomes:
+            assert in_store[o.execution_id]["calls"] == o.calls
+        assert sum(o.rerouted_calls for o in outcomes) >= 1
+    finally:
+        rt.shutdown()
+
+
+def test_killed_execution_actor_ends_as_error_with_reason(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2)], decode_delay_s=0.03)
+    try:
+        bg = Background(rt, n=2, concurrency=2)
+        _wait(lambda: len(bg.actors) == 2 and all(ray.get(a.progress.remote())["calls"] > 0
+                                                  for a in bg.actors.values()), what="two executions calling")
+        victim = sorted(bg.actors)[0]
+        ray.kill(bg.actors[victim])
+        outcomes = {o.execution_id: o for o in bg.join()}
+        assert outcomes[victim].status == "error" and "execution actor lost" in outcomes[victim].message
+        other = next(e for e in outcomes if e != victim)
+        assert outcomes[other].status in ("success", "timeout")
+        rows = executions(rt)
+        assert rows[victim][0] == "error" and "execution actor lost" in rows[victim][1]
+        assert rows[other][0] in ("success", "timeout")
+    finally:
+        rt.shutdown()
+
+
+class _ParkFirstCell:
+    """Test policy: moves c0 to idle, leaves every other cell where it is."""
+
+    name = "park-c0"
+
+    def initial_assignment(self, cell_ids):  # type: ignore[no-untyped-def]
+        return dict.fromkeys(cell_ids, "rollout")
+
+    def decide(self, signals, assignment):  # type: ignore[no-untyped-def]
+        from sapwood.scheduler.policy import Decision
+
+        target = dict(assignment)
+        target["c0"] = "idle"
+        return Decision(target=target, reasons={"c0": "test: park c0"})
+
+
+def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from sapwood.scheduler.live import SchedulerLoop
+    from sapwood.scheduler.runtime.actuator import RayActuator
+    from sapwood.scheduler.runtime.cluster import ElasticRuntime
+    from sapwood.scheduler.runtime.store_writer import RayStoreTransport
+    from sapwood.scheduler.signals import CellState, Signals
+    from support.elastic_runtime import initial_state, model_config
+
+    rt = ElasticRuntime(f"sqlite:///{tmp_path / 'store.db'}", [CellSpec("c0"), CellSpec("c1")], model_config(),
+                        initial_state(), actor_prefix=f"t{time.time_ns()}")
+    try:
+        prefix = rt.actor_prefix
+        actuator = RayActuator.connect(prefix)
+        with pytest.raises(ValueError, match="no elastic runtime"):
+            RayActuator.connect(prefix + "-missing")
+        cells = tuple(CellState(cell_id=c, role="rollout", capacity=2) for c in ("c0", "c1"))
+        loop = SchedulerLoop(lambda: Signals(at_s=time.time(), cells=cells, batch_size=4), _ParkFirstCell(),
+                             RayStoreTransport(rt.writer), actuator)
+        result = loop.tick()
+        assert result.moves == {"c0": ("rollout", "idle")}
+        assert ray.get(rt.cells["c0"].status.remote())["role"] == "idle"
+        assert ray.get(rt.router.stats.remote())["roles"]["c0"] == "idle"
+        phases = {p for (p,) in rt.query("SELECT phase FROM switch_phases WHERE cell_id = 'c0'")}
+        assert {"drain", "grace"} <= phases
+        (reason,) = rt.query("SELECT reason FROM scheduler_decisions WHERE cell_id = 'c0' AND role = 'idle'")[0]
+        assert reason == "test: park c0"
+        assert rt.query("SELECT role FROM cells WHERE cell_id = 'c0'")[0][0] == "idle"
+    finally:
+        rt.shutdown()
+
+
+def test_store_writer_records_an_execution_lost_before_it_started(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import uuid
+
+    from sapwood.scheduler.runtime.store_writer import StoreWriter
+
+    writer = StoreWriter.remote(f"sqlite:///{tmp_path / 'store.db'}")  # type: ignore[attr-defined]
+    try:
+        eid = str(uuid.uuid4())
+        with pytest.raises(ray.exceptions.RayTaskError, match="pass run_id and task_id"):
+            ray.get(writer.finish_lost.remote(eid, "gone"))
+        assert ray.get(writer.finish_lost.remote(eid, "actor lost before its first event", run_id="r", task_id="t"))
+        assert not ray.get(writer.finish_lost.remote(eid, "again", run_id="r", task_id="t"))  # finished already
+        rows = ray.get(writer.query.remote("SELECT status, message, metadata FROM executions"))
+        assert len(rows) == 1 and rows[0][0] == "error" and rows[0][1] == "actor lost before its first event"
+        assert "lost_before_start" in str(rows[0][2])
+    finally:
+        ray.kill(writer)
+
+
+def test_routed_engine_refuses_an_answer_for_other_input_ids() -> None:
+    import numpy as np
+
+    from sapwood.rollout.engines import EngineError, SamplingParams
+    from sapwood.scheduler.runtime.cell import input_digest
+    from sapwood.scheduler.runtime.execution import RoutedEngine
+
+    assert input_digest([1, 2, 3]) == input_digest([1, 2, 3]) != input_digest([1, 2, 4])
+
+    @ray.remote(num_cpus=0)
+    class AnswersForOtherIds:
+        def generate(self, input_ids, params):  # type: ignore[no-untyped-def]
+            return {"status": "ok", "output_ids": np.array([5], dtype=np.int32),
+                    "logprobs": np.array([-0.1], dtype=np.float32), "policy_version": 0, "finish_reason": "length",
+                    "cell_id": "c9", "input_digest": input_digest([*input_ids, 0]), "timings": {}, "attempts": []}
+
+    router = AnswersForOtherIds.remote()  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(EngineError, match="other input ids"):
+            RoutedEngine(router).generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+    finally:
+        ray.kill(router)

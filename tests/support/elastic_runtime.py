@@ -1,0 +1,84 @@
+"""Shared set-up of the elastic-runtime tests: a small model, a SQLite store, a started runtime."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
+from sapwood.rollout.tasks import KeyRecallConfig, KeyRecallEnv, KeyTask
+from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime
+from sapwood.scheduler.runtime.execution import ExecutionOutcome, run_executions
+
+TASK = KeyRecallConfig(min_key=4, max_key=6, max_turns=10, context_limit=48, max_summary_tokens=7, fork_prob=0.0)
+
+
+def model_config() -> TinyTransformerConfig:
+    return TinyTransformerConfig(vocab_size=TASK.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                                 max_position=TASK.context_limit)
+
+
+def initial_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return TinyActorCritic(model_config()).state_dict()
+
+
+def tasks(n: int, seed: int = 0) -> list[KeyTask]:
+    env = KeyRecallEnv(TASK)
+    rng = np.random.default_rng(seed)
+    return [env.sample_task(rng, task_id=f"t{i}") for i in range(n)]
+
+
+def start_runtime(tmp_path: Path, specs: list[CellSpec], *, decode_delay_s: float = 0.0,
+                  grace_s: float = 0.0) -> ElasticRuntime:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    return ElasticRuntime(url, specs, model_config(), initial_state(), decode_delay_s=decode_delay_s,
+                          grace_s=grace_s)
+
+
+class Background:
+    """``run_executions`` in a thread; ``actors`` fills as executions start."""
+
+    def __init__(self, rt: ElasticRuntime, n: int, concurrency: int, run_id: str = "run") -> None:
+        self.actors: dict[str, Any] = {}
+        self.outcomes: list[ExecutionOutcome] = []
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self.outcomes = run_executions(tasks(n), TASK, rt.router, rt.writer, run_id=run_id, seed=0,
+                                               concurrency=concurrency, on_started=self.actors.__setitem__)
+            except BaseException as exc:
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def join(self, timeout: float = 240.0) -> list[ExecutionOutcome]:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "executions did not finish in time"
+        if self.error is not None:
+            raise self.error
+        return self.outcomes
+
+
+def store_calls(rt: ElasticRuntime) -> dict[str, dict[str, int]]:
+    """execution id → {"calls": n, "actions": n, "distinct_seq": n} counted in the store."""
+    rows = rt.query("SELECT execution_id, COUNT(*), SUM(CASE WHEN call_kind='action' THEN 1 ELSE 0 END), "
+                    "COUNT(DISTINCT seq) FROM calls GROUP BY execution_id")
+    return {canon(e): {"calls": int(c), "actions": int(a), "distinct_seq": int(d)} for e, c, a, d in rows}
+
+
+def canon(value: object) -> str:
+    """A UUID as the events carry it (SQLite stores ``Uuid`` columns as 32 hex digits)."""
+    return str(uuid.UUID(str(value)))
+
+
+def executions(rt: ElasticRuntime) -> dict[str, tuple[str, str]]:
+    """execution id → (status, message) in the store."""
+    return {canon(e): (str(s), str(m)) for e, s, m in rt.query("SELECT execution_id, status, message FROM executions")}
