@@ -164,7 +164,9 @@ def two_executions(x_segments: int) -> TreeBatch:
 def execution_weight(batch: TreeBatch, mode: str) -> float:
     """Total loss weight of execution X's tokens: d loss / d term, summed over X."""
     terms = torch.zeros(batch.num_tokens, requires_grad=True)
-    loss = aggregate(terms, batch.trainable, mode=mode, segment=batch.segment_start())  # type: ignore[arg-type]
+    loss = aggregate(
+        terms, batch.trainable, mode=mode, segment=batch.segment_start(), weight=batch.token_weight()  # type: ignore[arg-type]
+    )
     loss.backward()
     assert terms.grad is not None
     return float(terms.grad[batch.execution == 0].sum())
@@ -201,31 +203,35 @@ def forked(n_branches: int) -> TreeBatch:
     return batch
 
 
-def test_shared_tokens_count_once_in_the_loss() -> None:
-    """A 10-way fork: the prefix's 3 tokens are in M once, with the same coefficient as any token."""
+def test_shared_tokens_count_once_and_branches_share_one_trajectorys_weight() -> None:
+    """A 10-way fork: the prefix's 3 tokens weigh 1, each branch's tokens 1/10; |M| = 3 + 2 = 5."""
     batch = forked(10)
     n_m = int(batch.trainable.sum())
     assert n_m == 3 + 10 * 2
+    weight = batch.token_weight()
+    assert float(batch.execution_weight()[0]) == pytest.approx(5.0)
     adv = torch.ones(batch.num_tokens)
     logprob = batch.rollout_logprob.clone()  # ratio 1 everywhere: inside the window
-    _, grad, _ = leaf_grad(
-        lambda lp: dis_policy_loss(lp, batch.rollout_logprob, adv, batch.trainable, 0.3, 5.0), logprob
-    )
-    assert torch.allclose(grad[batch.trainable], torch.full((n_m,), -1.0 / n_m))
-    # The flattened computation with per-occurrence weights agrees; without them the prefix weighs 10x.
+
+    def tree_grad(w: torch.Tensor | None) -> torch.Tensor:
+        return leaf_grad(
+            lambda lp: dis_policy_loss(lp, batch.rollout_logprob, adv, batch.trainable, 0.3, 5.0, weight=w), logprob
+        )[1]
+
+    grad = tree_grad(weight)
+    prefix = batch.trainable & (weight == 1)
+    assert int(prefix.sum()) == 3
+    assert torch.allclose(grad[prefix], torch.full((3,), -1.0 / 5))
+    assert torch.allclose(grad[batch.trainable & ~prefix], torch.full((20,), -0.1 / 5))
+    # The flattened per-trajectory computation with its own weights agrees.
     flat = flatten(batch)
     assert flat.num_sequences == 10
     idx, w = flat.cat_index(), flat.cat_weight()
-
-    def flat_grad(weight: torch.Tensor | None) -> torch.Tensor:
-        lp = logprob.clone().requires_grad_(True)
-        loss, _ = dis_policy_loss(
-            lp[idx], batch.rollout_logprob[idx], adv[idx], batch.trainable[idx], 0.3, 5.0, weight=weight
-        )
-        loss.backward()
-        assert lp.grad is not None
-        return lp.grad
-
-    assert torch.allclose(flat_grad(w), grad)
-    naive = flat_grad(None)
-    assert naive[2].item() == pytest.approx(10 * naive[-1].item())
+    lp = logprob.clone().requires_grad_(True)
+    loss, _ = dis_policy_loss(lp[idx], batch.rollout_logprob[idx], adv[idx], batch.trainable[idx], 0.3, 5.0, weight=w)
+    loss.backward()
+    assert lp.grad is not None and torch.allclose(lp.grad, grad)
+    # Unit weights (the ablation baseline) give every unique token the same coefficient: the branches
+    # then carry 20/23 of the execution's weight instead of 2/5.
+    unit = tree_grad(None)
+    assert torch.allclose(unit[batch.trainable], torch.full((n_m,), -1.0 / n_m))

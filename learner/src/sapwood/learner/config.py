@@ -16,6 +16,7 @@ __all__ = [
     "AdvantageConfig",
     "CriticConfig",
     "DISWindow",
+    "ForkWeighting",
     "LearnerConfig",
     "LossAggregation",
     "OptimConfig",
@@ -26,6 +27,11 @@ __all__ = [
 LossAggregation = Literal["token", "segment_mean"]
 """``"token"``: sum over trainable tokens / |M| (CompactionRL, default). ``"segment_mean"``: mean per
 segment, then mean over segments (the ablation baseline that over-weights heavily compacted tasks)."""
+
+ForkWeighting = Literal["path", "unit"]
+"""``"path"``: each token weighs its path probability ``1/(d_1⋯d_k)`` below forks of kept degrees
+``d`` (default; an execution weighs one trajectory whatever its forks). ``"unit"``: every unique
+token weighs 1 (the ablation baseline: a forking execution weighs more, the more it forks)."""
 
 PolicyLossKind = Literal["dis", "ppo"]
 """``"dis"``: decoupled importance sampling with the hard two-sided mask (SAO). ``"ppo"``: PPO clip."""
@@ -91,6 +97,9 @@ class PolicyLossConfig:
     before the update (with one update per batch that makes the ratio 1 at the start)."""
     aggregation: LossAggregation = "token"
     """Loss aggregation of policy and value losses: ``"token"`` (|M|) or the ``"segment_mean"`` ablation."""
+    fork_weighting: ForkWeighting = "path"
+    """Token weights of policy and value losses: ``"path"`` (the batch's ``token_weight``, path
+    probabilities by default) or the ``"unit"`` ablation."""
 
     def window(self, family: str) -> DISWindow:
         """DIS window of a task family."""
@@ -101,6 +110,8 @@ class PolicyLossConfig:
             raise ConfigError(f"policy loss kind must be 'dis' or 'ppo', got {self.kind!r}")
         if self.aggregation not in ("token", "segment_mean"):
             raise ConfigError(f"aggregation must be 'token' or 'segment_mean', got {self.aggregation!r}")
+        if self.fork_weighting not in ("path", "unit"):
+            raise ConfigError(f"fork_weighting must be 'path' or 'unit', got {self.fork_weighting!r}")
         if not (self.ppo_clip_low > 0 and self.ppo_clip_high > 0):
             raise ConfigError("PPO clip half-widths must be > 0")
 

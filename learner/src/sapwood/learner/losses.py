@@ -4,16 +4,20 @@ Every loss returns ``(loss, metrics)``: a scalar tensor to differentiate and a
 dict of floats with namespaced keys (``policy/...``, ``critic/...``).
 
 Shapes: all per-token arguments are [N] — N unique tokens of a ``TreeBatch``
-(``weight`` None) or N token occurrences of a flattened batch (``weight`` =
-1/occurrences, so both give the same loss). ``mask`` selects M, the trainable
-tokens. One function, ``aggregate``, decides how per-token terms become a loss:
+or N token occurrences of a flattened batch. ``weight`` is each term's weight:
+on a tree, the token's path probability (``TreeBatch.token_weight``: 1 on shared
+prefixes, ``1/(d_1⋯d_k)`` below forks, so an execution weighs as much as one of
+its trajectories however often it forks); on a flattened batch, each occurrence's
+share of it, so both give the same loss. None means 1 for every term. ``mask``
+selects M, the trainable tokens. One function, ``aggregate``, decides how
+per-token terms become a loss:
 
 * ``"token"`` (default, CompactionRL): ``sum_{i in M} w_i x_i / |M|`` with
-  ``|M| = sum_{i in M} w_i``: every unique trainable token of the batch counts
-  once, however many segments or forks its execution has. Tokens that DIS drops
-  stay in the denominator (dropping must not up-weight the others).
-* ``"segment_mean"`` (ablation baseline): the mean over each segment, then the
-  mean over segments — an execution compacted into 3 segments counts 3 times.
+  ``|M| = sum_{i in M} w_i``: every trainable token of the batch counts with its
+  weight, however many segments its execution has. Tokens that DIS drops stay in
+  the denominator (dropping must not up-weight the others).
+* ``"segment_mean"`` (ablation baseline): the weighted mean over each segment, then
+  the plain mean over segments — an execution compacted into 3 segments counts 3 times.
 """
 
 from __future__ import annotations
@@ -38,10 +42,10 @@ __all__ = [
 _LOG_RATIO_CAP = 20.0  # |log ratio| cap for metrics and PPO (exp overflow guard)
 
 
-def _weights(mask: Tensor, weight: Tensor | None) -> Tensor:
-    """[N] float weight of each term: ``weight`` (or 1) on masked entries, 0 elsewhere."""
-    w = mask.to(torch.float32) if weight is None else weight.to(torch.float32) * mask.to(torch.float32)
-    return w
+def _weights(mask: Tensor, weight: Tensor | None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """[N] weight of each term in ``dtype``: ``weight`` (or 1) on masked entries, 0 elsewhere."""
+    m = mask.to(dtype)
+    return m if weight is None else weight.to(dtype) * m
 
 
 def aggregate(
@@ -64,7 +68,7 @@ def aggregate(
     Returns:
         Scalar tensor (0 when M is empty).
     """
-    w = _weights(mask, weight).to(values.dtype)
+    w = _weights(mask, weight, values.dtype)
     contrib = torch.where(w > 0, values * w, torch.zeros_like(values))
     if mode == "token":
         return contrib.sum() / w.sum().clamp(min=1e-8)
@@ -215,7 +219,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, weight: Te
 
     Returns NaN when the returns have no variance (no signal either way).
     """
-    w = _weights(mask, weight).double()
+    w = _weights(mask, weight, torch.float64)
     s = float(w.sum())
     if s <= 0:
         return math.nan
