@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.horizon import DEFAULT_HORIZON_TOKENS, lam_for_horizon
 
 __all__ = [
     "AdvantageConfig",
@@ -61,19 +62,29 @@ class AdvantageConfig:
 
     gamma: float = 1.0
     """Discount per trainable token. 1.0, as usual for LLM RL with a terminal reward."""
-    lam: float = 0.999
-    """GAE lambda for the policy advantages. Cross-trajectory GAE discounts a segment by
-    ``(gamma*lam)**N_{>s}`` with N counted in tokens, so long horizons need lam close to 1
-    (0.95 would zero every segment but the last); the seeds give no value."""
+    lam: float | None = None
+    """GAE lambda for the policy advantages, an explicit override; None (default) derives it from
+    ``horizon_tokens`` (``effective_lam``). Cross-trajectory GAE discounts a segment by
+    ``(gamma*lam)**N_{>s}`` with N counted in trainable tokens, so a fixed lam such as 0.999 leaves
+    early segments of long rollouts almost no credit (see ``sapwood.learner.horizon``)."""
+    horizon_tokens: float = DEFAULT_HORIZON_TOKENS
+    """Effective horizon H in trainable tokens behind the default ``lam = 1 - 1/H``: a segment followed
+    by N trainable tokens keeps about ``exp(-N/H)`` of its credit. Default 100K (lam = 0.99999)."""
     returns_lam: float | None = 1.0
     """GAE lambda for the critic's targets (decoupled GAE, as in VAPO); ``None`` uses ``lam``.
     1.0 makes the target the local Monte-Carlo return, unbiased by the critic itself."""
 
+    @property
+    def effective_lam(self) -> float:
+        """The policy advantages' lambda: ``lam`` if set, else ``1 - 1/horizon_tokens``."""
+        return lam_for_horizon(self.horizon_tokens) if self.lam is None else self.lam
+
     def __post_init__(self) -> None:
-        for name in ("gamma", "lam"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {v}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.lam is not None and not 0.0 <= self.lam <= 1.0:
+            raise ConfigError(f"lam must be in [0, 1] or None (derived from horizon_tokens), got {self.lam}")
+        lam_for_horizon(self.horizon_tokens)  # raises on H < 1
         if self.returns_lam is not None and not 0.0 <= self.returns_lam <= 1.0:
             raise ConfigError(f"returns_lam must be in [0, 1] or None, got {self.returns_lam}")
 

@@ -99,8 +99,9 @@ class DemoConfig:
     """Critic learning rate."""
     critic_warmup_steps: int = 4
     """Critic-only steps before the first policy update (SAO's critic warm-up)."""
-    lam: float = 0.999
-    """GAE lambda (cross-trajectory GAE discounts earlier segments by ``lam ** tokens after them``)."""
+    lam: float | None = None
+    """GAE lambda (cross-trajectory GAE discounts earlier segments by ``lam ** tokens after them``);
+    None: the learner's horizon-aware default ``1 - 1/horizon_tokens``."""
     task: KeyRecallConfig = field(default_factory=KeyRecallConfig)
     """The task family."""
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
