@@ -10,6 +10,10 @@ is trained with one forward/backward pass over its unique tokens (tree attention
 with the flattened per-trajectory computation; it reports the dedup ratio (flattened tokens
 ÷ unique tokens) and the speed-up (target ≥ 0.7 × dedup ratio).
 
+Part 3 — token weights. On batches like part 1's, the cost of the path-probability weights
+per step: computing them (pointer doubling over the logical tree) against the whole training
+step, and whole steps with path weights against unit weights (interleaved).
+
     python bench/bench_learner.py
 
 The last stdout line is a JSON object of the figures.
@@ -31,11 +35,12 @@ from rich.console import Console
 from rich.progress import track
 
 from sapwood.learner.batch import flatten
-from sapwood.learner.config import CriticConfig, LearnerConfig
+from sapwood.learner.config import CriticConfig, LearnerConfig, PolicyLossConfig
 from sapwood.learner.loop import Learner
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend, flat_forward, tree_forward
 from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.learner.trainer import SAOTrainer
+from sapwood.learner.weights import path_probability
 from sapwood.platform import runs
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
@@ -45,9 +50,12 @@ console = Console(stderr=True)
 VOCAB = 512
 
 
+SYNTH = SynthConfig(calls=10, forks=3, fork_depth=2, segments=2, obs_min=20, obs_max=60, out_min=10, out_max=30,
+                    system_tokens=60, task_tokens=20, template_tokens=3, summary_tokens=12, vocab_size=VOCAB)
+
+
 def data_wait(store: Store, *, executions: int, steps: int) -> dict[str, Any]:
-    cfg = SynthConfig(calls=10, forks=3, fork_depth=2, segments=2, obs_min=20, obs_max=60, out_min=10, out_max=30,
-                      system_tokens=60, task_tokens=20, template_tokens=3, summary_tokens=12, vocab_size=VOCAB)
+    cfg = SYNTH
     for i in track(range(executions), description="loading executions", console=console):
         store.apply(synthetic_execution(SynthConfig(**{**cfg.__dict__, "seed": i}), run_id="bench").events)
     with store.transaction() as conn:
@@ -136,6 +144,48 @@ def tree_vs_flat(store: Store, *, prefix: int, ways: int, branch: int, repeats: 
     }
 
 
+def weighting_cost(store: Store, *, batches: int, repeats: int) -> dict[str, Any]:
+    ids = []
+    for i in range(2 * batches):  # two executions per batch, like part 1's learner
+        w = synthetic_execution(SynthConfig(**{**SYNTH.__dict__, "seed": 10_000 + i}), run_id="weights")
+        store.apply(w.events)
+        ids.append(w.execution_id)
+    built = [build_batch(store, ids[2 * k: 2 * k + 2], SourceConfig())[0] for k in range(batches)]
+    weight_s: list[float] = []
+    steps: dict[str, list[float]] = {"path": [], "unit": []}
+    torch.manual_seed(0)
+    trainers = {}
+    for kind in ("path", "unit"):
+        cfg = LearnerConfig(policy=PolicyLossConfig(fork_weighting=kind),  # type: ignore[arg-type]
+                            critic=CriticConfig(warmup_steps=0, catchup_max_steps=0))
+        trainers[kind] = SAOTrainer(TorchBackend(TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB))), cfg)
+    for batch in track(built, description="token weights", console=console):
+        lp = batch.logical_parent()
+        path_probability(lp, batch.execution, batch.num_executions)  # warm-up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            path_probability(lp, batch.execution, batch.num_executions)
+            weight_s.append(time.perf_counter() - t0)
+        for trainer in trainers.values():
+            trainer.train_step(batch)  # warm-up (also fills the batch's structure caches for both)
+        for _ in range(repeats):  # interleaved, so both see the same machine load
+            for kind, trainer in trainers.items():
+                t0 = time.perf_counter()
+                trainer.train_step(batch)
+                steps[kind].append(time.perf_counter() - t0)
+    w = statistics.median(weight_s)
+    step_path, step_unit = statistics.median(steps["path"]), statistics.median(steps["unit"])
+    return {
+        "batches": batches,
+        "batch_tokens_mean": round(statistics.mean(b.num_tokens for b in built), 1),
+        "weights_ms": round(1e3 * w, 3),
+        "step_s_path_weights": round(step_path, 4),
+        "step_s_unit_weights": round(step_unit, 4),
+        "weights_share_of_step": round(w / step_path, 5),
+        "step_ratio_path_over_unit": round(step_path / step_unit, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", help="store URL (default: a temporary SQLite file)")
@@ -145,6 +195,7 @@ def main() -> None:
     parser.add_argument("--ways", type=int, default=8, help="branches of the fork-heavy batch")
     parser.add_argument("--branch", type=int, default=64, help="tokens per branch")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--weight-batches", type=int, default=4, help="batches of the token-weight part")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -153,13 +204,17 @@ def main() -> None:
         store = Store.open(url)
         figures = {"data": data_wait(store, executions=args.executions, steps=args.steps),
                    "tree_vs_flat": tree_vs_flat(store, prefix=args.prefix, ways=args.ways, branch=args.branch,
-                                                repeats=args.repeats)}
+                                                repeats=args.repeats),
+                   "weights": weighting_cost(store, batches=args.weight_batches, repeats=args.repeats)}
         store.close()
-    d, f = figures["data"], figures["tree_vs_flat"]
+    d, f, w = figures["data"], figures["tree_vs_flat"], figures["weights"]
     console.print(f"wait share of a step: {d['wait_share_of_step']:.2%} (target ≤ 5 %); "
                   f"assembly {d['assembly_tokens_per_s']:,} tokens/s; step {d['step_s_median']} s")
     console.print(f"tree vs flattened: speed-up {f['speedup']}× at dedup ratio {f['dedup_ratio']} "
                   f"→ {f['speedup_over_dedup']} × dedup (target ≥ 0.7)")
+    console.print(f"token weights: {w['weights_ms']} ms per batch = {w['weights_share_of_step']:.3%} of a "
+                  f"{w['step_s_path_weights']} s step; steps with path / unit weights "
+                  f"{w['step_ratio_path_over_unit']}×")
     print(json.dumps(figures))
 
 
