@@ -142,3 +142,19 @@ def test_cli_ablation_prints_both_arms_and_a_verdict(tmp_path: Path) -> None:
     (verdict,) = line["comparisons"]
     assert verdict["arm"] == "frozen summarizer" and "55.5" in verdict["source"]
     assert isinstance(verdict["direction_reproduced"], bool)
+
+
+def test_cli_fork_ablation_runs_both_weightings_on_the_forking_task(tmp_path: Path) -> None:
+    from sapwood.platform.cli import app
+
+    args = ["demo", "--ablation", "forks", "--executions", "6", "--eval-executions", "2", "--pretrain-steps",
+            "3", "--pretrain-noisy-steps", "2", "--out-dir", str(tmp_path), "--quiet"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.stdout.strip().splitlines()[-1])
+    arms = line["arms"]
+    assert list(arms) == ["fork task, path weights", "fork task, unit weights"]
+    assert [a[0]["fork_weighting"] for a in arms.values()] == ["path", "unit"]
+    (verdict,) = line["comparisons"]
+    assert verdict["reference"] == "fork task, path weights" and verdict["arm"] == "fork task, unit weights"
+    assert len(verdict["arm_eval_forks_end"]) == 1
