@@ -95,6 +95,8 @@ def test_metrics_are_namespaced_and_finite() -> None:
         "train/catchup_steps",
     }
     assert expected <= m.keys()
+    # |M| is the sum of path weights: below the unit count when the batch forks, never above.
+    assert 0 < m["train/trainable_weight"] <= m["train/trainable_tokens"]
     assert all("/" in k for k in m)
     assert all(v == v for k, v in m.items() if k != "critic/explained_var")  # no NaN
 

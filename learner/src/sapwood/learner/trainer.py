@@ -259,6 +259,9 @@ class SAOTrainer:
                 "train/catchup_steps": float(catchup),
                 "train/policy_version": float(self.backend.policy_version),
                 "train/trainable_tokens": float(mask.sum()),
+                # |M| of the loss: Σ token weights over the trainable tokens (= trainable_tokens with unit weights).
+                "train/trainable_weight": float(mask.sum()) if targets.weight is None else float(
+                    targets.weight[mask].sum()),
                 "train/unique_tokens": float(batch.num_tokens),
             }
         )
