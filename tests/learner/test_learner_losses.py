@@ -129,6 +129,17 @@ def test_dis_float32_log_ratios_beyond_exp_overflow_give_finite_gradients(log_ra
     assert m["policy/masked_frac"] == 0.5 and all(math.isfinite(v) for v in m.values())
 
 
+def test_dis_lower_half_width_of_one_or_more_keeps_every_positive_ratio() -> None:
+    logprob = torch.tensor([-60.0, -math.inf, -1.0, math.log(2.0) - 1.0])  # ratios e^-59, 0, 1, 2
+    rollout = torch.full((4,), -1.0)
+    adv, mask = torch.ones(4), torch.ones(4, dtype=torch.bool)
+    _, grad1, m1 = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 1.0, 0.5), logprob)
+    assert [bool(g != 0) for g in grad1] == [True, False, True, False]  # 0 is on the bound 1 - 1; 2 > 1.5
+    assert torch.isfinite(grad1).all() and m1["policy/masked_low_frac"] == 0.25
+    _, grad2, _ = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 1.5, 0.5), logprob)
+    assert [bool(g != 0) for g in grad2[:1]] == [True] and grad2[1] == 0  # ratio 0: zero gradient either way
+
+
 def test_dis_inside_the_window_is_the_exact_ratio_not_a_clamp() -> None:
     """PPO would clamp r=3.0 to 1.2 for a positive advantage; DIS keeps 3.0."""
     logprob = torch.log(torch.tensor([3.0], dtype=torch.float64))
