@@ -10,9 +10,13 @@ is trained with one forward/backward pass over its unique tokens (tree attention
 with the flattened per-trajectory computation; it reports the dedup ratio (flattened tokens
 ÷ unique tokens) and the speed-up (target ≥ 0.7 × dedup ratio).
 
+Part 3 — token weights. On batches like part 1's, the cost of the path-probability weights
+per step: computing them (pointer doubling over the logical tree) against the whole training
+step, and whole steps with path weights against unit weights (interleaved).
+
     python bench/bench_learner.py
 
-Part 3 (``--backend megatron``) — the same fork-heavy batch trained by a full ``backend.step``
+Part 4 (``--backend megatron``) — the same fork-heavy batch trained by a full ``backend.step``
 (SAO losses, backward, clipping, both AdamWs) on megatron-core and on ``TorchBackend`` with the same
 weights, interleaved; part 1 and part 2 then run on the megatron backend too.
 
@@ -38,11 +42,19 @@ from rich.progress import track
 
 from sapwood.learner.backends import BACKENDS, create_backend
 from sapwood.learner.batch import TreeBatch, flatten
-from sapwood.learner.config import CriticConfig, LearnerConfig
+from sapwood.learner.config import CriticConfig, LearnerConfig, PolicyLossConfig
 from sapwood.learner.loop import Learner
-from sapwood.learner.model import PolicyBackend, TinyActorCritic, TinyTransformerConfig, flat_forward, tree_forward
+from sapwood.learner.model import (
+    PolicyBackend,
+    TinyActorCritic,
+    TinyTransformerConfig,
+    TorchBackend,
+    flat_forward,
+    tree_forward,
+)
 from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.learner.trainer import SAOTrainer, compute_losses
+from sapwood.learner.weights import path_probability
 from sapwood.platform import runs
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
@@ -52,9 +64,12 @@ console = Console(stderr=True)
 VOCAB = 512
 
 
+SYNTH = SynthConfig(calls=10, forks=3, fork_depth=2, segments=2, obs_min=20, obs_max=60, out_min=10, out_max=30,
+                    system_tokens=60, task_tokens=20, template_tokens=3, summary_tokens=12, vocab_size=VOCAB)
+
+
 def data_wait(store: Store, *, executions: int, steps: int, backend: str = "torch") -> dict[str, Any]:
-    cfg = SynthConfig(calls=10, forks=3, fork_depth=2, segments=2, obs_min=20, obs_max=60, out_min=10, out_max=30,
-                      system_tokens=60, task_tokens=20, template_tokens=3, summary_tokens=12, vocab_size=VOCAB)
+    cfg = SYNTH
     for i in track(range(executions), description="loading executions", console=console):
         store.apply(synthetic_execution(SynthConfig(**{**cfg.__dict__, "seed": i}), run_id="bench").events)
     with store.transaction() as conn:
@@ -173,6 +188,48 @@ def backend_vs_torch(batch: TreeBatch, name: str, *, repeats: int) -> dict[str, 
     }
 
 
+def weighting_cost(store: Store, *, batches: int, repeats: int) -> dict[str, Any]:
+    ids = []
+    for i in range(2 * batches):  # two executions per batch, like part 1's learner
+        w = synthetic_execution(SynthConfig(**{**SYNTH.__dict__, "seed": 10_000 + i}), run_id="weights")
+        store.apply(w.events)
+        ids.append(w.execution_id)
+    built = [build_batch(store, ids[2 * k: 2 * k + 2], SourceConfig())[0] for k in range(batches)]
+    weight_s: list[float] = []
+    steps: dict[str, list[float]] = {"path": [], "unit": []}
+    torch.manual_seed(0)
+    trainers = {}
+    for kind in ("path", "unit"):
+        cfg = LearnerConfig(policy=PolicyLossConfig(fork_weighting=kind),  # type: ignore[arg-type]
+                            critic=CriticConfig(warmup_steps=0, catchup_max_steps=0))
+        trainers[kind] = SAOTrainer(TorchBackend(TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB))), cfg)
+    for batch in track(built, description="token weights", console=console):
+        lp = batch.logical_parent()
+        path_probability(lp, batch.execution, batch.num_executions)  # warm-up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            path_probability(lp, batch.execution, batch.num_executions)
+            weight_s.append(time.perf_counter() - t0)
+        for trainer in trainers.values():
+            trainer.train_step(batch)  # warm-up (also fills the batch's structure caches for both)
+        for _ in range(repeats):  # interleaved, so both see the same machine load
+            for kind, trainer in trainers.items():
+                t0 = time.perf_counter()
+                trainer.train_step(batch)
+                steps[kind].append(time.perf_counter() - t0)
+    w = statistics.median(weight_s)
+    step_path, step_unit = statistics.median(steps["path"]), statistics.median(steps["unit"])
+    return {
+        "batches": batches,
+        "batch_tokens_mean": round(statistics.mean(b.num_tokens for b in built), 1),
+        "weights_ms": round(1e3 * w, 3),
+        "step_s_path_weights": round(step_path, 4),
+        "step_s_unit_weights": round(step_unit, 4),
+        "weights_share_of_step": round(w / step_path, 5),
+        "step_ratio_path_over_unit": round(step_path / step_unit, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", help="store URL (default: a temporary SQLite file)")
@@ -182,6 +239,7 @@ def main() -> None:
     parser.add_argument("--ways", type=int, default=8, help="branches of the fork-heavy batch")
     parser.add_argument("--branch", type=int, default=64, help="tokens per branch")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--weight-batches", type=int, default=4, help="batches of the token-weight part")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backend", choices=BACKENDS, default="torch",
                         help="learner backend; megatron adds its step time against TorchBackend on the same batch")
@@ -193,6 +251,7 @@ def main() -> None:
         figures: dict[str, Any] = {"data": data_wait(store, executions=args.executions, steps=args.steps,
                                                      backend=args.backend)}
         batch = fork_heavy_batch(store, prefix=args.prefix, ways=args.ways, branch=args.branch)
+        figures["weights"] = weighting_cost(store, batches=args.weight_batches, repeats=args.repeats)
         store.close()
     torch.manual_seed(0)
     tiny = TinyActorCritic(TinyTransformerConfig(vocab_size=VOCAB))
@@ -213,6 +272,10 @@ def main() -> None:
         b = figures["backend_vs_torch"]
         console.print(f"{args.backend} step {b[f'{args.backend}_step_s']} s vs TorchBackend {b['torch_step_s']} s "
                       f"on the same batch: {b[f'{args.backend}_over_torch']}×")
+    w = figures["weights"]
+    console.print(f"token weights: {w['weights_ms']} ms per batch = {w['weights_share_of_step']:.3%} of a "
+                  f"{w['step_s_path_weights']} s step; steps with path / unit weights "
+                  f"{w['step_ratio_path_over_unit']}×")
     print(json.dumps(figures))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,14 +130,20 @@ def test_cli_prints_a_json_line_last(tmp_path: Path) -> None:
     assert bad.exit_code != 0
 
 
-def test_cli_ablation_prints_both_arms_and_a_verdict(tmp_path: Path) -> None:
+def run_ablation_cli(tmp_path: Path, kind: str) -> dict[str, Any]:
+    """``sapwood demo --ablation KIND`` at a tiny size; returns its JSON line."""
     from sapwood.platform.cli import app
 
-    args = ["demo", "--ablation", "summarizer", "--executions", "6", "--eval-executions", "2", "--pretrain-steps",
+    args = ["demo", "--ablation", kind, "--executions", "6", "--eval-executions", "2", "--pretrain-steps",
             "3", "--pretrain-noisy-steps", "2", "--out-dir", str(tmp_path), "--quiet"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    line = json.loads(result.stdout.strip().splitlines()[-1])
+    line: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return line
+
+
+def test_cli_ablation_prints_both_arms_and_a_verdict(tmp_path: Path) -> None:
+    line = run_ablation_cli(tmp_path, "summarizer")
     assert set(line["arms"]) == {"baseline", "frozen summarizer"}
     assert [a["train_summaries"] for a in (line["arms"]["baseline"][0], line["arms"]["frozen summarizer"][0])] == [
         True, False]
@@ -166,3 +173,13 @@ def test_demo_with_the_megatron_backend(tmp_path: Path) -> None:
     assert len(ckpts) >= 2 and torch.load(ckpts[-1], weights_only=False)["backend_kind"] == "megatron"
     bad = CliRunner().invoke(app, ["demo", "--backend", "jax", "--quiet"])
     assert bad.exit_code != 0 and "backend must be one of" in bad.output
+
+
+def test_cli_fork_ablation_runs_both_weightings_on_the_forking_task(tmp_path: Path) -> None:
+    line = run_ablation_cli(tmp_path, "forks")
+    arms = line["arms"]
+    assert list(arms) == ["fork task, path weights", "fork task, unit weights"]
+    assert [a[0]["fork_weighting"] for a in arms.values()] == ["path", "unit"]
+    (verdict,) = line["comparisons"]
+    assert verdict["reference"] == "fork task, path weights" and verdict["arm"] == "fork task, unit weights"
+    assert len(verdict["arm_eval_forks_end"]) == 1

@@ -147,13 +147,21 @@ def test_validate_rejects_shapes_and_lists() -> None:
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_random_batches_are_valid_and_flatten_weights_sum_to_one(seed: int) -> None:
+def test_random_batches_are_valid_and_flatten_weights_sum_to_the_path_weight(seed: int) -> None:
     batch = random_tree_batch(seed, jmax=4)
     batch.validate(jmax=4)
     flat = flatten(batch)
     index, weight = flat.cat_index(), flat.cat_weight()
-    total = torch.zeros(batch.num_tokens).index_add_(0, index, weight)
-    assert torch.allclose(total, torch.ones(batch.num_tokens))
+    # Per-trajectory weights, summed over every trajectory a token is on, give the tree's path weight.
+    total = torch.zeros(batch.num_tokens, dtype=torch.float64).index_add_(0, index, weight)
+    assert torch.allclose(total, batch.path_weight(), rtol=0, atol=1e-12)
+    # Each execution's trajectories are a probability distribution.
+    leaf = batch.is_leaf()
+    per_exec = torch.zeros(batch.num_executions, dtype=torch.float64).index_add_(
+        0, batch.execution[leaf], batch.path_weight()[leaf]
+    )
+    assert torch.allclose(per_exec, torch.ones(batch.num_executions, dtype=torch.float64))
+    assert set(flat.trajectory) == set(leaf.nonzero().squeeze(1).tolist())
     for seq in flat.token_index:  # each sequence is a causal context path
         assert batch.parent[seq[0]].item() == -1
         assert torch.equal(batch.parent[seq[1:]], seq[:-1])

@@ -48,6 +48,98 @@ def test_dis_drops_tokens_outside_the_window_with_zero_loss_and_gradient() -> No
     assert metrics["policy/masked_high_frac"] == pytest.approx(3 / 8)
 
 
+def logprob_with_ratio(target: torch.Tensor, *, strictly: str | None = None) -> torch.Tensor:
+    """A log-prob x (rollout log-prob 0) whose ratio exp(x) is exactly ``target`` in its dtype, or the
+    nearest x whose ratio is strictly ``"above"`` / ``"below"`` it. Scans 64 ulps either side of log(target)."""
+    inf = torch.tensor(math.inf, dtype=target.dtype)
+    centre = torch.log(target)
+    candidates = [centre]
+    for direction in (inf, -inf):
+        x = centre
+        for _ in range(64):
+            x = torch.nextafter(x, direction)
+            candidates.append(x)
+    candidates.sort(key=lambda c: abs(float(c - centre)))
+    for x in candidates:
+        r = torch.exp(x)
+        if (strictly is None and r == target) or (strictly == "above" and r > target) or (
+            strictly == "below" and r < target
+        ):
+            return x
+    raise AssertionError(f"no log-prob found with ratio {strictly or 'exactly'} {float(target)}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("eps_low", "eps_high"), [(0.3, 5.0), (0.5, 3.0), (0.2, 0.28)])
+def test_dis_ratios_exactly_on_the_window_bounds_are_dropped(
+    dtype: torch.dtype, eps_low: float, eps_high: float
+) -> None:
+    lo, hi = torch.tensor(1 - eps_low, dtype=dtype), torch.tensor(1 + eps_high, dtype=dtype)
+    logprob = torch.stack(
+        [
+            logprob_with_ratio(lo),
+            logprob_with_ratio(hi),
+            logprob_with_ratio(lo, strictly="above"),
+            logprob_with_ratio(hi, strictly="below"),
+        ]
+    )
+    rollout = torch.zeros(4, dtype=dtype)
+    ratio = torch.exp(logprob - rollout)
+    assert ratio[0] == lo and ratio[1] == hi  # exactly on the bounds, as computed in this dtype
+    assert lo < ratio[2] and ratio[3] < hi
+    adv = torch.ones(4, dtype=dtype)
+    mask = torch.ones(4, dtype=torch.bool)
+    _, grad, m = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, eps_low, eps_high), logprob)
+    assert grad[0] == 0 and grad[1] == 0
+    assert grad[2] == -ratio[2] / 4 and grad[3] == -ratio[3] / 4
+    assert m["policy/masked_low_frac"] == 0.25 and m["policy/masked_high_frac"] == 0.25
+    # Float32 windows given per token (token_windows' dtype) put the bounds at the same ratios.
+    e_lo, e_hi = torch.full((4,), eps_low), torch.full((4,), eps_high)
+    if dtype == torch.float32:
+        _, grad32, _ = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, e_lo, e_hi), logprob)
+        assert torch.equal(grad32, grad)
+
+
+def test_dis_drops_a_nan_current_logprob_and_counts_it_as_masked() -> None:
+    logprob = torch.tensor([math.nan, math.log(1.1), math.log(0.9), math.nan])
+    rollout = torch.zeros(4)
+    adv = torch.tensor([1.0, 2.0, -1.0, 1.0])
+    mask = torch.tensor([True, True, True, False])
+    loss, grad, m = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 0.3, 5.0), logprob)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert loss.item() == pytest.approx(-(1.1 * 2.0 - 0.9 * 1.0) / 3, rel=1e-6)  # the NaN token stays in |M|
+    assert grad[0] == 0 and grad[3] == 0
+    assert m["policy/masked_frac"] == pytest.approx(1 / 3) and m["policy/masked_nan_frac"] == pytest.approx(1 / 3)
+    assert m["policy/masked_low_frac"] == 0 and m["policy/masked_high_frac"] == 0
+    assert all(math.isfinite(v) for v in m.values())
+    assert m["policy/ratio_max"] == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize("log_ratio", [89.5, 100.0, 1e4, math.inf, -1e4, -math.inf])
+def test_dis_float32_log_ratios_beyond_exp_overflow_give_finite_gradients(log_ratio: float) -> None:
+    assert not math.isfinite(torch.exp(torch.tensor(89.5, dtype=torch.float32)).item())  # exp overflows here
+    logprob = torch.tensor([log_ratio - 1.0, -1.0], dtype=torch.float32)
+    rollout = torch.full((2,), -1.0)
+    adv = torch.tensor([3.0, 1.0])
+    mask = torch.ones(2, dtype=torch.bool)
+    loss, grad, m = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 0.3, 5.0), logprob)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert grad[0] == 0 and grad[1] == pytest.approx(-0.5)
+    assert loss.item() == pytest.approx(-0.5)
+    assert m["policy/masked_frac"] == 0.5 and all(math.isfinite(v) for v in m.values())
+
+
+def test_dis_lower_half_width_of_one_or_more_keeps_every_positive_ratio() -> None:
+    logprob = torch.tensor([-60.0, -math.inf, -1.0, math.log(2.0) - 1.0])  # ratios e^-59, 0, 1, 2
+    rollout = torch.full((4,), -1.0)
+    adv, mask = torch.ones(4), torch.ones(4, dtype=torch.bool)
+    _, grad1, m1 = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 1.0, 0.5), logprob)
+    assert [bool(g != 0) for g in grad1] == [True, False, True, False]  # 0 is on the bound 1 - 1; 2 > 1.5
+    assert torch.isfinite(grad1).all() and m1["policy/masked_low_frac"] == 0.25
+    _, grad2, _ = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 1.5, 0.5), logprob)
+    assert [bool(g != 0) for g in grad2[:1]] == [True] and grad2[1] == 0  # ratio 0: zero gradient either way
+
+
 def test_dis_inside_the_window_is_the_exact_ratio_not_a_clamp() -> None:
     """PPO would clamp r=3.0 to 1.2 for a positive advantage; DIS keeps 3.0."""
     logprob = torch.log(torch.tensor([3.0], dtype=torch.float64))
@@ -164,7 +256,9 @@ def two_executions(x_segments: int) -> TreeBatch:
 def execution_weight(batch: TreeBatch, mode: str) -> float:
     """Total loss weight of execution X's tokens: d loss / d term, summed over X."""
     terms = torch.zeros(batch.num_tokens, requires_grad=True)
-    loss = aggregate(terms, batch.trainable, mode=mode, segment=batch.segment_start())  # type: ignore[arg-type]
+    loss = aggregate(
+        terms, batch.trainable, mode=mode, segment=batch.segment_start(), weight=batch.token_weight()  # type: ignore[arg-type]
+    )
     loss.backward()
     assert terms.grad is not None
     return float(terms.grad[batch.execution == 0].sum())
@@ -201,31 +295,35 @@ def forked(n_branches: int) -> TreeBatch:
     return batch
 
 
-def test_shared_tokens_count_once_in_the_loss() -> None:
-    """A 10-way fork: the prefix's 3 tokens are in M once, with the same coefficient as any token."""
+def test_shared_tokens_count_once_and_branches_share_one_trajectorys_weight() -> None:
+    """A 10-way fork: the prefix's 3 tokens weigh 1, each branch's tokens 1/10; |M| = 3 + 2 = 5."""
     batch = forked(10)
     n_m = int(batch.trainable.sum())
     assert n_m == 3 + 10 * 2
+    weight = batch.token_weight()
+    assert float(batch.execution_weight()[0]) == pytest.approx(5.0)
     adv = torch.ones(batch.num_tokens)
     logprob = batch.rollout_logprob.clone()  # ratio 1 everywhere: inside the window
-    _, grad, _ = leaf_grad(
-        lambda lp: dis_policy_loss(lp, batch.rollout_logprob, adv, batch.trainable, 0.3, 5.0), logprob
-    )
-    assert torch.allclose(grad[batch.trainable], torch.full((n_m,), -1.0 / n_m))
-    # The flattened computation with per-occurrence weights agrees; without them the prefix weighs 10x.
+
+    def tree_grad(w: torch.Tensor | None) -> torch.Tensor:
+        return leaf_grad(
+            lambda lp: dis_policy_loss(lp, batch.rollout_logprob, adv, batch.trainable, 0.3, 5.0, weight=w), logprob
+        )[1]
+
+    grad = tree_grad(weight)
+    prefix = batch.trainable & (weight == 1)
+    assert int(prefix.sum()) == 3
+    assert torch.allclose(grad[prefix], torch.full((3,), -1.0 / 5))
+    assert torch.allclose(grad[batch.trainable & ~prefix], torch.full((20,), -0.1 / 5))
+    # The flattened per-trajectory computation with its own weights agrees.
     flat = flatten(batch)
     assert flat.num_sequences == 10
     idx, w = flat.cat_index(), flat.cat_weight()
-
-    def flat_grad(weight: torch.Tensor | None) -> torch.Tensor:
-        lp = logprob.clone().requires_grad_(True)
-        loss, _ = dis_policy_loss(
-            lp[idx], batch.rollout_logprob[idx], adv[idx], batch.trainable[idx], 0.3, 5.0, weight=weight
-        )
-        loss.backward()
-        assert lp.grad is not None
-        return lp.grad
-
-    assert torch.allclose(flat_grad(w), grad)
-    naive = flat_grad(None)
-    assert naive[2].item() == pytest.approx(10 * naive[-1].item())
+    lp = logprob.clone().requires_grad_(True)
+    loss, _ = dis_policy_loss(lp[idx], batch.rollout_logprob[idx], adv[idx], batch.trainable[idx], 0.3, 5.0, weight=w)
+    loss.backward()
+    assert lp.grad is not None and torch.allclose(lp.grad, grad)
+    # Unit weights (the ablation baseline) give every unique token the same coefficient: the branches
+    # then carry 20/23 of the execution's weight instead of 2/5.
+    unit = tree_grad(None)
+    assert torch.allclose(unit[batch.trainable], torch.full((n_m,), -1.0 / n_m))

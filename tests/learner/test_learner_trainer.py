@@ -80,7 +80,8 @@ def test_catch_up_on_a_value_loss_spike() -> None:
 def test_metrics_are_namespaced_and_finite() -> None:
     cfg = LearnerConfig(critic=CriticConfig(warmup_steps=0))
     trainer, _ = make_trainer(cfg)
-    m = trainer.train_step(random_tree_batch(6, vocab_size=VOCAB))
+    batch = random_tree_batch(6, vocab_size=VOCAB)
+    m = trainer.train_step(batch)
     expected = {
         "policy/loss",
         "policy/masked_frac",
@@ -95,6 +96,9 @@ def test_metrics_are_namespaced_and_finite() -> None:
         "train/catchup_steps",
     }
     assert expected <= m.keys()
+    # |M| is the sum of path weights over the trainable tokens, below their count (this batch forks).
+    assert m["train/trainable_weight"] == pytest.approx(float(batch.execution_weight().sum()))
+    assert m["train/trainable_weight"] < m["train/trainable_tokens"]
     assert all("/" in k for k in m)
     assert all(v == v for k, v in m.items() if k != "critic/explained_var")  # no NaN
 

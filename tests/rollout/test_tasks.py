@@ -9,6 +9,7 @@ from sapwood.platform.errors import ValidationError
 from sapwood.rollout.tasks import (
     BOS,
     CONT,
+    FORK,
     INVALID,
     KEY_CLOSE,
     KEY_OPEN,
@@ -150,3 +151,32 @@ def test_config_is_validated() -> None:
 def test_render_names_every_token() -> None:
     c = KeyRecallConfig()
     assert render([BOS, c.symbol(3), c.noise_base + 1, OK, 999], c) == "BOS s3 ~1 OK ?999"
+
+
+def test_fork_is_an_action_only_where_the_task_allows_it() -> None:
+    rng = np.random.default_rng(0)
+    plain = KeyRecallEnv()
+    state = plain.reset(plain.sample_task(rng))
+    assert plain.act(state, [FORK], rng)[0] == INVALID and state.forks == 0
+    env = KeyRecallEnv(KeyRecallConfig(policy_forks=1))
+    state = env.reset(env.sample_task(rng))
+    obs = env.act(state, [FORK], rng)
+    assert obs[0] == FORK and obs[-1] == NONE  # nothing graded yet
+    assert (state.turns, state.slot, state.forks, state.invalid) == (1, 0, 1, 0)  # a turn used, no slot
+    assert env.act(state, [FORK], rng)[0] == INVALID  # no forks left on this trajectory
+    assert not env.can_fork(state)
+
+
+def test_the_demonstrator_forks_at_its_fork_rate() -> None:
+    env = KeyRecallEnv(KeyRecallConfig(policy_forks=2))
+    rng = np.random.default_rng(1)
+    state = env.reset(env.sample_task(rng))
+    always = DemoNoise(wrong_action=0.0, invalid_action=0.0, fork_action=1.0)
+    actions = []
+    for _ in range(3):
+        actions.append(teacher_action(env, state, always, rng))
+        env.act(state, [actions[-1]], rng)
+    assert actions[:2] == [FORK, FORK] and actions[2] == state.task.key[0]
+    never = KeyRecallEnv(KeyRecallConfig(policy_forks=0))
+    s2 = never.reset(state.task)
+    assert teacher_action(never, s2, always, rng) != FORK

@@ -17,6 +17,7 @@ from sapwood.platform.store import Store
 from sapwood.rollout.engines import Engine, Generation, SamplingParams
 from sapwood.rollout.recorder import Recorder
 from sapwood.rollout.tasks import (
+    FORK,
     INVALID,
     KEY_OPEN,
     MEM_OPEN,
@@ -149,6 +150,33 @@ def test_forks_continue_each_branch_to_its_own_end(store: Store) -> None:
     with store.transaction() as conn:
         leaf_rewards = [r.leaf_rewards for r in conn.execute(sa.select(t.executions.c.leaf_rewards))]
     assert all(len(lr) == 3 for lr in leaf_rewards)
+
+
+class ForkingReader(ContextReader):
+    """A ContextReader that chooses ``FORK`` after 1 and after 3 graded turns."""
+
+    def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
+        ids = list(input_ids)
+        graded = sum(1 for x in ids if x in (OK, WRONG))
+        if ids[-1] != SUM_REQ and ids[-4] != FORK and graded in (1, 3) and ids.count(FORK) < 4:  # action, verdict
+            return Generation(output_ids=np.asarray([FORK], dtype=np.int32),
+                              logprobs=np.full(1, -0.5, np.float32), policy_version=0, finish_reason="length")
+        return super().generate(input_ids, params)
+
+
+def test_a_fork_chosen_by_the_policy_forks_the_execution_there(store: Store) -> None:
+    env = KeyRecallEnv(KeyRecallConfig(min_key=5, max_key=5, policy_forks=2, fork_prob=0.0))
+    reports = play(store, env, ForkingReader(env.config), 2, seed=4)
+    # Fork after turn 1 (2 branches), each branch forks again after turn 3: 3 forks, 4 trajectories.
+    assert all(r.forks == 3 and len(r.leaf_scores) == 4 for r in reports)
+    assert all(r.leaf_scores == [1.0] * 4 for r in reports)  # 5 symbols in 7 turns: every branch finishes
+    assert store.stats()["fork_points"] == 6
+    batch, _ = build_batch(store, [r.execution_id for r in reports], SourceConfig(jmax=8))
+    assert batch.trajectories_per_execution().tolist() == [4, 4]
+    fork_actions = (batch.tokens == FORK) & batch.trainable
+    assert int(fork_actions.sum()) == 2 * 3  # the FORK actions are trained like any action
+    # Each execution weighs one trajectory: 7 action turns whatever its 4 branches.
+    assert batch.execution_weight().tolist() == pytest.approx([7.0, 7.0])
 
 
 def test_invalid_actions_waste_turns() -> None:

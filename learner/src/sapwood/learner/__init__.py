@@ -4,6 +4,9 @@ Public surface (re-exported here):
 
 * ``batch``: ``TreeBatch`` (the learner's input), roles, ``flatten``, ``tree_attention_mask``,
   ``TreeBatchBuilder``, ``random_tree_batch``;
+* ``weights``: ``path_probability``, the token weights (1/(d_1⋯d_k) below forks) every loss uses;
+  ``flat``: the flattened per-trajectory reference (``flatten``);
+* ``horizon``: the horizon-aware default lambda and the credit each segment keeps;
 * ``advantages``: ``tree_gae`` (Skip-Observation + cross-trajectory + fork-averaged GAE) and its
   special cases ``token_gae``, ``skip_observation_gae``, ``cross_trajectory_gae``;
 * ``losses``: ``dis_policy_loss``, ``ppo_clip_policy_loss``, ``value_loss``, ``aggregate``;

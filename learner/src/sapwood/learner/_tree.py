@@ -9,11 +9,14 @@ path, so ``ceil(log2(depth + 1))`` rounds cover every root-to-node path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 __all__ = [
     "ancestor_mask",
+    "ancestor_product",
     "ancestor_sum",
     "child_count",
     "child_sum",
@@ -89,11 +92,25 @@ def tree_accumulate(parent: Tensor, weight: Tensor, const: Tensor) -> Tensor:
     return y
 
 
+def _ancestor_scan(parent: Tensor, const: Tensor, combine: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """``combine`` of ``const`` over every node and all its ancestors (a top-down prefix scan).
+
+    Pointer doubling: after round ``k``, ``Z(x)`` combines ``x`` and its ancestors less than
+    ``2**k`` edges up. ``combine`` must be associative (``+``, ``*``).
+    """
+    z = const.clone()
+    anc = parent
+    valid = anc >= 0
+    while bool(valid.any()):
+        a = anc.clamp(min=0)
+        z = torch.where(valid, combine(z, z.index_select(0, a)), z)
+        anc = torch.where(valid, anc.index_select(0, a), -1)
+        valid = anc >= 0
+    return z
+
+
 def ancestor_sum(parent: Tensor, const: Tensor) -> Tensor:
     """Sum of ``const`` over every node and all its ancestors (a top-down prefix sum).
-
-    Pointer doubling: after round ``k``, ``Z(x)`` sums ``x`` and its ancestors less than
-    ``2**k`` edges up.
 
     Args:
         parent: [T] int64, ``-1`` at roots.
@@ -102,15 +119,12 @@ def ancestor_sum(parent: Tensor, const: Tensor) -> Tensor:
     Returns:
         [T], dtype of ``const``.
     """
-    z = const.clone()
-    anc = parent
-    valid = anc >= 0
-    while bool(valid.any()):
-        a = anc.clamp(min=0)
-        z = torch.where(valid, z + z.index_select(0, a), z)
-        anc = torch.where(valid, anc.index_select(0, a), -1)
-        valid = anc >= 0
-    return z
+    return _ancestor_scan(parent, const, torch.add)
+
+
+def ancestor_product(parent: Tensor, const: Tensor) -> Tensor:
+    """Product of ``const`` [T] over every node and all its ancestors (``ancestor_sum`` with ``*``)."""
+    return _ancestor_scan(parent, const, torch.mul)
 
 
 def depth(parent: Tensor) -> Tensor:

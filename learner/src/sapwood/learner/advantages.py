@@ -314,7 +314,7 @@ def batch_gae(batch: TreeBatch, values: Tensor, config: AdvantageConfig) -> GAER
     Args:
         batch: the tree.
         values: [T] V of the state before each token (the model's value head at ``parent[i]``).
-        config: gamma, lam, returns_lam.
+        config: gamma, lam (``effective_lam``: the override or ``1 - 1/horizon_tokens``), returns_lam.
     """
     return tree_gae(
         batch.parent,
@@ -323,6 +323,6 @@ def batch_gae(batch: TreeBatch, values: Tensor, config: AdvantageConfig) -> GAER
         batch.leaf_reward,
         values,
         gamma=config.gamma,
-        lam=config.lam,
+        lam=config.effective_lam,
         returns_lam=config.returns_lam,
     )

@@ -35,8 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sapwood.learner._tree import ancestor_mask, child_count, root_of, tree_accumulate
+from sapwood.learner._tree import ancestor_mask, child_count, root_of
 from sapwood.learner.errors import BatchValidationError
+from sapwood.learner.flat import FlatBatch, flatten
+from sapwood.learner.weights import path_probability, per_execution_sum
 
 __all__ = [
     "ACTION",
@@ -113,6 +115,10 @@ class TreeBatch:
     """[E] task family of each execution (``"math"``, ``"swe"``, ...); selects the DIS window."""
     execution_ids: list[str]
     """[E] execution ids as stored by the platform."""
+    weight: Tensor | None = None
+    """[T] float32/float64 loss weight of each token, or None (the default) for the path probability
+    (``path_weight``): 1 on shared prefixes, ``1 / (d_1⋯d_k)`` below forks of kept degrees ``d``.
+    Every loss reads it through ``token_weight``; set it only to override the rule."""
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ sizes
@@ -134,7 +140,10 @@ class TreeBatch:
     def to(self, device: torch.device | str) -> TreeBatch:
         """A copy with every tensor on ``device``."""
         kw = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS}
-        return TreeBatch(**kw, task_family=list(self.task_family), execution_ids=list(self.execution_ids))
+        weight = None if self.weight is None else self.weight.to(device)
+        return TreeBatch(
+            **kw, task_family=list(self.task_family), execution_ids=list(self.execution_ids), weight=weight
+        )
 
     # -------------------------------------------------------- derived (cached)
     def _cached(self, key: str, make: Any) -> Tensor:
@@ -170,6 +179,21 @@ class TreeBatch:
     def attention_mask(self) -> Tensor:
         """[T, T] bool tree attention mask (see ``tree_attention_mask``), cached."""
         return self._cached("attention_mask", lambda: tree_attention_mask(self.parent))
+
+    def path_weight(self) -> Tensor:
+        """[T] float64 path probability of each token (``sapwood.learner.weights``), cached."""
+        return self._cached(
+            "path_weight", lambda: path_probability(self.logical_parent(), self.execution, self.num_executions)
+        )
+
+    def token_weight(self) -> Tensor:
+        """[T] loss weight of each token: ``weight`` if set, else ``path_weight()``."""
+        return self.path_weight() if self.weight is None else self.weight
+
+    def execution_weight(self) -> Tensor:
+        """[E] float64 total loss weight of each execution's trainable tokens (its share of |M|)."""
+        w = torch.where(self.trainable, self.token_weight().to(torch.float64), 0.0)
+        return per_execution_sum(w, self.execution, self.num_executions)
 
     def trajectories_per_execution(self) -> Tensor:
         """[E] int64 number of logical leaves (selected trajectories) of each execution."""
@@ -211,6 +235,14 @@ class TreeBatch:
             raise BatchValidationError(
                 f"task_family has {len(self.task_family)} entries, execution_ids has {e}; expected equal"
             )
+        if self.weight is not None:
+            w = self.weight
+            if not isinstance(w, Tensor) or w.dim() != 1 or w.numel() != t:
+                raise BatchValidationError(f"weight: expected a tensor of shape [{t}] or None")
+            if w.dtype not in (torch.float32, torch.float64):
+                raise BatchValidationError(f"weight: expected dtype float32 or float64, got {w.dtype}")
+            if not bool((torch.isfinite(w) & (w >= 0)).all()):
+                raise BatchValidationError("weight: expected finite weights >= 0")
         if len(set(self.execution_ids)) != e:
             raise BatchValidationError("execution_ids must be unique")
         if t == 0:
@@ -273,59 +305,6 @@ _TENSOR_FIELDS = (
     "segment_parent",
     "leaf_reward",
 )
-
-
-# ---------------------------------------------------------------------- flatten
-@dataclass(frozen=True)
-class FlatBatch:
-    """A ``TreeBatch`` unrolled into ordinary causal sequences (one per context leaf).
-
-    Each sequence is a root-to-leaf path of one context: exactly the tokens the model
-    saw, in order. A token shared by k sequences occurs k times with weight 1/k,
-    so a weighted sum over occurrences equals the sum over unique tokens.
-    """
-
-    token_index: list[Tensor]
-    """Per sequence: [L_s] int64 indices into the ``TreeBatch``, root first."""
-    weight: list[Tensor]
-    """Per sequence: [L_s] float32, 1 / (number of sequences containing that token)."""
-
-    @property
-    def num_sequences(self) -> int:
-        """Number of flattened sequences."""
-        return len(self.token_index)
-
-    def cat_index(self) -> Tensor:
-        """[N] int64, all occurrences' token indices, sequences concatenated."""
-        return torch.cat(self.token_index)
-
-    def cat_weight(self) -> Tensor:
-        """[N] float32, all occurrences' weights, sequences concatenated."""
-        return torch.cat(self.weight)
-
-
-def flatten(batch: TreeBatch) -> FlatBatch:
-    """Unroll ``batch`` into one causal sequence per context leaf (the flattened baseline).
-
-    Loops over context leaves (sequences), not over tokens.
-
-    Returns:
-        ``FlatBatch`` whose sequences are the root-to-leaf context paths, weighted so
-        that every unique token's occurrences sum to weight 1.
-    """
-    parent = batch.parent
-    ctx_leaf = child_count(parent) == 0
-    # Number of sequences containing a token = number of context leaves in its context subtree.
-    shares = tree_accumulate(parent, torch.ones(batch.num_tokens, dtype=torch.float64), ctx_leaf.to(torch.float64))
-    mask = batch.attention_mask()
-    weight = (1.0 / shares).to(torch.float32)
-    token_index: list[Tensor] = []
-    weights: list[Tensor] = []
-    for leaf in ctx_leaf.nonzero().squeeze(1).tolist():
-        path = mask[leaf].nonzero().squeeze(1)  # ascending index == root-to-leaf (parents come first)
-        token_index.append(path)
-        weights.append(weight[path])
-    return FlatBatch(token_index=token_index, weight=weights)
 
 
 # ---------------------------------------------------------------------- builder

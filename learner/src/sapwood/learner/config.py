@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.horizon import DEFAULT_HORIZON_TOKENS, lam_for_horizon
 
 __all__ = [
     "AdvantageConfig",
     "CriticConfig",
     "DISWindow",
+    "ForkWeighting",
     "LearnerConfig",
     "LossAggregation",
     "OptimConfig",
@@ -26,6 +28,11 @@ __all__ = [
 LossAggregation = Literal["token", "segment_mean"]
 """``"token"``: sum over trainable tokens / |M| (CompactionRL, default). ``"segment_mean"``: mean per
 segment, then mean over segments (the ablation baseline that over-weights heavily compacted tasks)."""
+
+ForkWeighting = Literal["path", "unit"]
+"""``"path"``: each token weighs its path probability ``1/(d_1⋯d_k)`` below forks of kept degrees
+``d`` (default; an execution weighs one trajectory whatever its forks). ``"unit"``: every unique
+token weighs 1 (the ablation baseline: a forking execution weighs more, the more it forks)."""
 
 PolicyLossKind = Literal["dis", "ppo"]
 """``"dis"``: decoupled importance sampling with the hard two-sided mask (SAO). ``"ppo"``: PPO clip."""
@@ -55,19 +62,29 @@ class AdvantageConfig:
 
     gamma: float = 1.0
     """Discount per trainable token. 1.0, as usual for LLM RL with a terminal reward."""
-    lam: float = 0.999
-    """GAE lambda for the policy advantages. Cross-trajectory GAE discounts a segment by
-    ``(gamma*lam)**N_{>s}`` with N counted in tokens, so long horizons need lam close to 1
-    (0.95 would zero every segment but the last); the seeds give no value."""
+    lam: float | None = None
+    """GAE lambda for the policy advantages, an explicit override; None (default) derives it from
+    ``horizon_tokens`` (``effective_lam``). Cross-trajectory GAE discounts a segment by
+    ``(gamma*lam)**N_{>s}`` with N counted in trainable tokens, so a fixed lam such as 0.999 leaves
+    early segments of long rollouts almost no credit (see ``sapwood.learner.horizon``)."""
+    horizon_tokens: float = DEFAULT_HORIZON_TOKENS
+    """Effective horizon H in trainable tokens behind the default ``lam = 1 - 1/H``: a segment followed
+    by N trainable tokens keeps about ``exp(-N/H)`` of its credit. Default 100K (lam = 0.99999)."""
     returns_lam: float | None = 1.0
     """GAE lambda for the critic's targets (decoupled GAE, as in VAPO); ``None`` uses ``lam``.
     1.0 makes the target the local Monte-Carlo return, unbiased by the critic itself."""
 
+    @property
+    def effective_lam(self) -> float:
+        """The policy advantages' lambda: ``lam`` if set, else ``1 - 1/horizon_tokens``."""
+        return lam_for_horizon(self.horizon_tokens) if self.lam is None else self.lam
+
     def __post_init__(self) -> None:
-        for name in ("gamma", "lam"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {v}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.lam is not None and not 0.0 <= self.lam <= 1.0:
+            raise ConfigError(f"lam must be in [0, 1] or None (derived from horizon_tokens), got {self.lam}")
+        lam_for_horizon(self.horizon_tokens)  # raises on H < 1
         if self.returns_lam is not None and not 0.0 <= self.returns_lam <= 1.0:
             raise ConfigError(f"returns_lam must be in [0, 1] or None, got {self.returns_lam}")
 
@@ -91,6 +108,9 @@ class PolicyLossConfig:
     before the update (with one update per batch that makes the ratio 1 at the start)."""
     aggregation: LossAggregation = "token"
     """Loss aggregation of policy and value losses: ``"token"`` (|M|) or the ``"segment_mean"`` ablation."""
+    fork_weighting: ForkWeighting = "path"
+    """Token weights of policy and value losses: ``"path"`` (the batch's ``token_weight``, path
+    probabilities by default) or the ``"unit"`` ablation."""
 
     def window(self, family: str) -> DISWindow:
         """DIS window of a task family."""
@@ -101,6 +121,8 @@ class PolicyLossConfig:
             raise ConfigError(f"policy loss kind must be 'dis' or 'ppo', got {self.kind!r}")
         if self.aggregation not in ("token", "segment_mean"):
             raise ConfigError(f"aggregation must be 'token' or 'segment_mean', got {self.aggregation!r}")
+        if self.fork_weighting not in ("path", "unit"):
+            raise ConfigError(f"fork_weighting must be 'path' or 'unit', got {self.fork_weighting!r}")
         if not (self.ppo_clip_low > 0 and self.ppo_clip_high > 0):
             raise ConfigError("PPO clip half-widths must be > 0")
 

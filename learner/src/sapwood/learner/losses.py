@@ -4,16 +4,20 @@ Every loss returns ``(loss, metrics)``: a scalar tensor to differentiate and a
 dict of floats with namespaced keys (``policy/...``, ``critic/...``).
 
 Shapes: all per-token arguments are [N] — N unique tokens of a ``TreeBatch``
-(``weight`` None) or N token occurrences of a flattened batch (``weight`` =
-1/occurrences, so both give the same loss). ``mask`` selects M, the trainable
-tokens. One function, ``aggregate``, decides how per-token terms become a loss:
+or N token occurrences of a flattened batch. ``weight`` is each term's weight:
+on a tree, the token's path probability (``TreeBatch.token_weight``: 1 on shared
+prefixes, ``1/(d_1⋯d_k)`` below forks, so an execution weighs as much as one of
+its trajectories however often it forks); on a flattened batch, each occurrence's
+share of it, so both give the same loss. None means 1 for every term. ``mask``
+selects M, the trainable tokens. One function, ``aggregate``, decides how
+per-token terms become a loss:
 
 * ``"token"`` (default, CompactionRL): ``sum_{i in M} w_i x_i / |M|`` with
-  ``|M| = sum_{i in M} w_i``: every unique trainable token of the batch counts
-  once, however many segments or forks its execution has. Tokens that DIS drops
-  stay in the denominator (dropping must not up-weight the others).
-* ``"segment_mean"`` (ablation baseline): the mean over each segment, then the
-  mean over segments — an execution compacted into 3 segments counts 3 times.
+  ``|M| = sum_{i in M} w_i``: every trainable token of the batch counts with its
+  weight, however many segments its execution has. Tokens that DIS drops stay in
+  the denominator (dropping must not up-weight the others).
+* ``"segment_mean"`` (ablation baseline): the weighted mean over each segment, then
+  the plain mean over segments — an execution compacted into 3 segments counts 3 times.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from sapwood.learner.errors import ConfigError
 __all__ = [
     "aggregate",
     "dis_policy_loss",
+    "dis_window_bounds",
     "explained_variance",
     "ppo_clip_policy_loss",
     "staleness_metrics",
@@ -38,10 +43,10 @@ __all__ = [
 _LOG_RATIO_CAP = 20.0  # |log ratio| cap for metrics and PPO (exp overflow guard)
 
 
-def _weights(mask: Tensor, weight: Tensor | None) -> Tensor:
-    """[N] float weight of each term: ``weight`` (or 1) on masked entries, 0 elsewhere."""
-    w = mask.to(torch.float32) if weight is None else weight.to(torch.float32) * mask.to(torch.float32)
-    return w
+def _weights(mask: Tensor, weight: Tensor | None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """[N] weight of each term in ``dtype``: ``weight`` (or 1) on masked entries, 0 elsewhere."""
+    m = mask.to(dtype)
+    return m if weight is None else weight.to(dtype) * m
 
 
 def aggregate(
@@ -64,7 +69,7 @@ def aggregate(
     Returns:
         Scalar tensor (0 when M is empty).
     """
-    w = _weights(mask, weight).to(values.dtype)
+    w = _weights(mask, weight, values.dtype)
     contrib = torch.where(w > 0, values * w, torch.zeros_like(values))
     if mode == "token":
         return contrib.sum() / w.sum().clamp(min=1e-8)
@@ -88,11 +93,14 @@ def _wmean(x: Tensor, w: Tensor) -> float:
 
 
 def _ratio_metrics(log_ratio: Tensor, mask: Tensor, w: Tensor) -> dict[str, float]:
+    """Ratio statistics over the masked tokens whose log-ratio is a number (NaN ones are left out)."""
     lr = log_ratio.detach().clamp(-_LOG_RATIO_CAP, _LOG_RATIO_CAP)
-    ratio = torch.exp(lr)
-    sel = mask.to(torch.bool)
+    sel = mask.to(torch.bool) & ~torch.isnan(lr)
     if not bool(sel.any()):
         return {"policy/ratio_mean": 1.0, "policy/ratio_min": 1.0, "policy/ratio_max": 1.0, "policy/approx_kl": 0.0}
+    lr = torch.where(sel, lr, torch.zeros_like(lr))
+    ratio = torch.exp(lr)
+    w = torch.where(sel, w, torch.zeros_like(w))
     return {
         "policy/ratio_mean": _wmean(ratio, w),
         "policy/ratio_min": float(ratio[sel].min()),
@@ -100,6 +108,15 @@ def _ratio_metrics(log_ratio: Tensor, mask: Tensor, w: Tensor) -> dict[str, floa
         # k3 estimator of KL(rollout || current), non-negative per token.
         "policy/approx_kl": _wmean(ratio - 1.0 - lr, w),
     }
+
+
+def dis_window_bounds(
+    eps_low: Tensor | float, eps_high: Tensor | float, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """The DIS window's ratio bounds ``(1 - eps_low, 1 + eps_high)`` in ``dtype`` (computed in float64)."""
+    el = torch.as_tensor(eps_low, dtype=torch.float64, device=device)
+    eh = torch.as_tensor(eps_high, dtype=torch.float64, device=device)
+    return (1.0 - el).to(dtype), (1.0 + eh).to(dtype)
 
 
 def dis_policy_loss(
@@ -116,11 +133,17 @@ def dis_policy_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """DIS policy loss (SAO): ``-f(r) Â`` with ``r = exp(logπ_θ - logπ_rollout)``.
 
-    ``f(x) = x`` if ``1 - eps_low < x < 1 + eps_high`` else 0: outside the window
-    a token contributes zero loss and zero gradient (dropped, not clamped); inside,
-    the surrogate is the exact ratio times the advantage. The window test is done
-    on log-ratios and the ratio of a dropped token is never exponentiated, so
-    extreme ratios cannot produce inf/NaN gradients.
+    ``f(x) = x`` if ``1 - eps_low < x < 1 + eps_high`` else 0 (strict: a ratio exactly
+    on a bound is dropped): outside the window a token contributes zero loss and zero
+    gradient (dropped, not clamped); inside, the surrogate is the exact ratio times
+    the advantage. The window test compares the ratio itself with the bounds, both in
+    ``logprob``'s dtype. The ratio is exponentiated from the log-ratio clamped to the
+    window's log bounds ± 1, so no ratio overflows (a float32 log-ratio above 89 would)
+    and a clamped token, being outside the window, gets no gradient.
+
+    A NaN current log-prob (a broken forward pass, a NaN logit) is **dropped**:
+    ``f(NaN) = 0``, no loss, no gradient, counted in ``policy/masked_frac`` and in
+    ``policy/masked_nan_frac``, so one bad token can neither poison the loss nor hide.
 
     Args:
         logprob: [N] log π_θ(token | context), differentiable.
@@ -129,34 +152,40 @@ def dis_policy_loss(
         mask: [N] bool, trainable tokens.
         eps_low: [N] or scalar lower half-width (per token: per task family).
         eps_high: [N] or scalar upper half-width.
-        weight: [N] per-occurrence weight (flattened batches).
+        weight: [N] token / occurrence weight (``aggregate``).
         mode: loss aggregation (``aggregate``).
         segment: [N] segment ids for ``"segment_mean"``.
 
     Returns:
         ``(loss, metrics)``; metrics ``policy/loss``, ``policy/masked_frac`` (share of
-        M outside the window), ``policy/masked_low_frac``, ``policy/masked_high_frac``,
+        M outside the window, NaN included), ``policy/masked_low_frac``,
+        ``policy/masked_high_frac``, ``policy/masked_nan_frac``,
         ``policy/ratio_mean|min|max``, ``policy/approx_kl``, ``policy/adv_mean``.
     """
     m = mask.to(torch.bool)
-    log_ratio = logprob - rollout_logprob.to(logprob.dtype)
-    el = torch.as_tensor(eps_low, dtype=torch.float64, device=logprob.device)
-    eh = torch.as_tensor(eps_high, dtype=torch.float64, device=logprob.device)
-    lo = torch.where(el < 1.0, torch.log1p(-el.clamp(max=1.0)), -math.inf).to(logprob.dtype)
-    hi = torch.log1p(eh).to(logprob.dtype)
-    below = log_ratio.detach() <= lo
-    above = log_ratio.detach() >= hi
-    inside = m & ~below & ~above
-    ratio = torch.exp(torch.where(inside, log_ratio, torch.zeros_like(log_ratio)))
-    adv = advantages.detach().to(logprob.dtype)
+    dtype = logprob.dtype
+    log_ratio = logprob - rollout_logprob.to(dtype)
+    lo, hi = dis_window_bounds(eps_low, eps_high, dtype, logprob.device)
+    # Log bounds with a margin: -inf when the window keeps every small ratio (eps_low >= 1).
+    log_lo = torch.where(lo > 0, torch.log(lo.clamp(min=torch.finfo(dtype).tiny)) - 1.0, -math.inf)
+    log_hi = torch.log(hi) + 1.0
+    is_nan = torch.isnan(log_ratio.detach())
+    safe = torch.where(is_nan, torch.zeros_like(log_ratio), log_ratio)
+    ratio = torch.exp(torch.minimum(torch.maximum(safe, log_lo), log_hi))
+    r = ratio.detach()
+    below = m & ~is_nan & ~(r > lo)
+    above = m & ~is_nan & ~(r < hi)
+    inside = m & ~is_nan & ~below & ~above
+    adv = advantages.detach().to(dtype)
     per_token = torch.where(inside, -ratio * adv, torch.zeros_like(ratio))
     loss = aggregate(per_token, m, mode=mode, weight=weight, segment=segment)
     w = _weights(m, weight)
     metrics = {
         "policy/loss": float(loss.detach()),
         "policy/masked_frac": _wmean((~inside & m).to(torch.float32), w),
-        "policy/masked_low_frac": _wmean((below & m).to(torch.float32), w),
-        "policy/masked_high_frac": _wmean((above & m).to(torch.float32), w),
+        "policy/masked_low_frac": _wmean(below.to(torch.float32), w),
+        "policy/masked_high_frac": _wmean(above.to(torch.float32), w),
+        "policy/masked_nan_frac": _wmean((is_nan & m).to(torch.float32), w),
         "policy/adv_mean": _wmean(adv.detach().float(), w),
         **_ratio_metrics(log_ratio, m, w),
     }
@@ -215,7 +244,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, weight: Te
 
     Returns NaN when the returns have no variance (no signal either way).
     """
-    w = _weights(mask, weight).double()
+    w = _weights(mask, weight, torch.float64)
     s = float(w.sum())
     if s <= 0:
         return math.nan

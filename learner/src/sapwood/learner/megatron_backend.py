@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from sapwood.learner.batch import TreeBatch
-from sapwood.learner.config import LearnerConfig, LossAggregation, OptimConfig
+from sapwood.learner.config import ForkWeighting, LearnerConfig, LossAggregation, OptimConfig
 from sapwood.learner.errors import ConfigError
 from sapwood.learner.megatron_model import MegatronActorCritic, megatron_to_tiny, tiny_to_megatron
 from sapwood.learner.megatron_parallel import all_reduce_sum, init_parallel, megatron_parallel_state
@@ -40,9 +40,12 @@ from sapwood.learner.model import ForwardOutput, LossFn, PolicyBackend, TinyTran
 __all__ = ["MegatronBackend", "loss_denominator"]
 
 
-def loss_denominator(batch: TreeBatch, aggregation: LossAggregation) -> float:
-    """What the batch's loss averages over: |M| (``"token"``) or the number of segments with trainable tokens."""
+def loss_denominator(batch: TreeBatch, aggregation: LossAggregation, fork_weighting: ForkWeighting = "path") -> float:
+    """What the batch's loss averages over: |M| (``"token"``: the trainable tokens' summed path weights, or
+    their count with ``fork_weighting="unit"``) or the number of segments with trainable tokens."""
     if aggregation == "token":
+        if fork_weighting == "path":
+            return float(batch.execution_weight().sum())
         return float(batch.trainable.sum())
     if aggregation == "segment_mean":
         return float(torch.unique(batch.segment_start()[batch.trainable]).numel())
@@ -60,6 +63,7 @@ class MegatronBackend(PolicyBackend):
         dtype: parameter dtype (float32; float64 for equivalence tests).
         tensor_parallel: tensor-parallel size (the world size divided by it is the data-parallel size).
         aggregation: the loss aggregation of the trainer (weights of the data-parallel ranks).
+        fork_weighting: the trainer's token weighting (``"path"`` probabilities or ``"unit"``), for the same.
         init_state: initial weights as a ``TinyActorCritic`` state dict (e.g. a ``TorchBackend``
             model's, or a pre-trained policy); None: megatron's initialization seeded by ``seed``.
         seed: seed of megatron's initialization (the same on every rank, so shards agree).
@@ -75,6 +79,7 @@ class MegatronBackend(PolicyBackend):
         dtype: torch.dtype = torch.float32,
         tensor_parallel: int = 1,
         aggregation: LossAggregation = "token",
+        fork_weighting: ForkWeighting = "path",
         init_state: dict[str, Tensor] | None = None,
         seed: int = 0,
     ) -> None:
@@ -90,6 +95,7 @@ class MegatronBackend(PolicyBackend):
         if init_state is not None:
             self.load_tiny_state(init_state)
         self.aggregation: LossAggregation = aggregation
+        self.fork_weighting: ForkWeighting = fork_weighting
         self.optim_config = oc = optim or OptimConfig()
         self._actor_params = self.model.actor_parameters()
         self._critic_params = self.model.critic_parameters()
@@ -104,7 +110,7 @@ class MegatronBackend(PolicyBackend):
     def from_config(cls, model_config: TinyTransformerConfig, config: LearnerConfig, **kw: Any) -> MegatronBackend:
         """Backend with ``config``'s optimizers, critic clip and loss aggregation."""
         return cls(model_config, config.optim, critic_grad_clip=config.critic.grad_clip,
-                   aggregation=config.policy.aggregation, **kw)
+                   aggregation=config.policy.aggregation, fork_weighting=config.policy.fork_weighting, **kw)
 
     # ------------------------------------------------------------------ weights
     def load_tiny_state(self, state: dict[str, Tensor]) -> None:
@@ -202,7 +208,7 @@ class MegatronBackend(PolicyBackend):
         dp = self.layout.data_parallel
         if dp == 1:
             return 1.0
-        den = torch.tensor([loss_denominator(batch, self.aggregation)], dtype=torch.float64)
+        den = torch.tensor([loss_denominator(batch, self.aggregation, self.fork_weighting)], dtype=torch.float64)
         total = float(all_reduce_sum(den.clone(), self._dp_group))
         return float(den) / total if total > 0 else 1.0 / dp
 

@@ -71,7 +71,8 @@ class LossTargets:
     segment: Tensor
     """[N] int64 segment id (first token of the segment), for ``"segment_mean"``."""
     weight: Tensor | None = None
-    """[N] per-occurrence weight (flattened batches); None = 1."""
+    """[N] loss weight of each token (``TreeBatch.token_weight``: path probabilities) or occurrence
+    (flattened batches: its share of the token's weight); None = 1 (the ``"unit"`` ablation)."""
 
     @classmethod
     def build(cls, batch: TreeBatch, gae: GAEResult, old: ForwardOutput, config: PolicyLossConfig) -> LossTargets:
@@ -87,10 +88,12 @@ class LossTargets:
             eps_low=eps_low,
             eps_high=eps_high,
             segment=batch.segment_start(),
+            weight=batch.token_weight() if config.fork_weighting == "path" else None,
         )
 
     def select(self, index: Tensor, weight: Tensor) -> LossTargets:
-        """Targets of token occurrences ``index`` [N] with weights [N] (the flattened baseline)."""
+        """Targets of token occurrences ``index`` [N] with weights [N] (the flattened baseline,
+        ``FlatBatch.cat_weight``)."""
         return LossTargets(
             mask=self.mask[index],
             rollout_logprob=self.rollout_logprob[index],
@@ -245,7 +248,7 @@ class SAOTrainer:
         if catchup:
             metrics["critic/value_loss_after_catchup"] = latest["critic/value_loss"]
         mask = batch.trainable
-        metrics.update(staleness_metrics(batch.policy_version, mask, version))
+        metrics.update(staleness_metrics(batch.policy_version, mask, version, targets.weight))
         adv = gae.advantages[mask]
         metrics.update(
             {
@@ -256,6 +259,9 @@ class SAOTrainer:
                 "train/catchup_steps": float(catchup),
                 "train/policy_version": float(self.backend.policy_version),
                 "train/trainable_tokens": float(mask.sum()),
+                # |M| of the loss: Σ token weights over the trainable tokens (= trainable_tokens with unit weights).
+                "train/trainable_weight": float(mask.sum()) if targets.weight is None else float(
+                    targets.weight[mask].sum()),
                 "train/unique_tokens": float(batch.num_tokens),
             }
         )

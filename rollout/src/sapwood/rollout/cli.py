@@ -37,6 +37,9 @@ _ROWS = [
     ("calls", "model calls"),
     ("compactions", "compactions"),
     ("forks", "forks"),
+    ("eval_forks_start", "forks per execution, start (eval)"),
+    ("eval_forks_end", "forks per execution, end (eval)"),
+    ("eval_segments_mean", "segments per trajectory, mean (eval, start)"),
     ("timeouts", "timeouts (scored by partial score)"),
     ("timeout_partial_score_mean", "mean partial score of timeouts"),
     ("dedup_ratio", "tree dedup ratio (naive / tree tokens)"),
@@ -110,6 +113,18 @@ def _table(title: str, results: dict[str, list[DemoResult]]) -> Table:
     return table
 
 
+def _seed_table(title: str, results: dict[str, list[DemoResult]]) -> Table:
+    """Per seed, side by side: each arm's final reward (and forks per execution at the end)."""
+    table = Table(title=title)
+    table.add_column("seed")
+    for name in results:
+        table.add_column(f"{name}: reward end / forks", justify="right")
+    for i, first in enumerate(next(iter(results.values()))):
+        cells = [f"{r[i].summary['reward_end']:.3f} / {r[i].summary['eval_forks_end']:.2f}" for r in results.values()]
+        table.add_row(str(first.summary["seed"]), *cells)
+    return table
+
+
 def demo(
     seed: Annotated[int, typer.Option(help="seeds tasks, pre-training, weights and sampling")] = 0,
     workers: Annotated[int, typer.Option(help="rollout worker threads")] = 2,
@@ -123,7 +138,8 @@ def demo(
     out_dir: Annotated[Path | None, typer.Option(help="plots, checkpoints, summary (default: a temp dir)")] = None,
     loss: Annotated[str, typer.Option(help="loss aggregation: token | segment_mean")] = "token",
     frozen_summarizer: Annotated[bool, typer.Option(help="do not train summary tokens")] = False,
-    ablation: Annotated[str | None, typer.Option(help="run arms side by side: loss | summarizer | all")] = None,
+    ablation: Annotated[str | None, typer.Option(help="run arms side by side: loss | summarizer | "
+                                                         "all | forks | segments")] = None,
     seeds: Annotated[int, typer.Option(help="ablations: run seeds SEED … SEED+N-1 per arm")] = 1,
     pretrain_steps: Annotated[int, typer.Option(help="most clean pre-training steps (it stops earlier once "
                                                 "the copy mechanism has formed)")] = 700,
@@ -154,7 +170,8 @@ def demo(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sapwood.platform.errors import ValidationError
-    from sapwood.rollout.demo import DemoConfig, ablation_verdicts, run_ablation, run_demo
+    from sapwood.rollout.ablations import ablation_verdicts, run_ablation
+    from sapwood.rollout.demo import DemoConfig, run_demo
     from sapwood.rollout.pretrain import PretrainConfig
 
     if loss not in ("token", "segment_mean"):
@@ -196,10 +213,11 @@ def demo(
         verdicts = ablation_verdicts(results)
         if not quiet:
             console.print(_table(f"Ablation: {ablation} (seeds {seed}…{seed + seeds - 1})", results))
+            console.print(_seed_table("Per seed", results))
             for v in verdicts:
                 console.print(
-                    f"{v['arm']}: baseline ends {v['delta_reward_end_mean']:+.4f} reward above it on average "
-                    f"(baseline better in {v['seeds_baseline_better']} of {len(v['seeds'])} seeds; gain difference "
+                    f"{v['arm']}: {v['reference']} ends {v['delta_reward_end_mean']:+.4f} reward above it on average "
+                    f"(reference better in {v['seeds_baseline_better']} of {len(v['seeds'])} seeds; gain difference "
                     f"{v['delta_gain_mean']:+.4f}). Sources: {v['source']}. Direction "
                     f"{'reproduced' if v['direction_reproduced'] else 'NOT reproduced'} here.")
         line: dict[str, Any] = {"ablation": ablation, "seeds": list(range(seed, seed + seeds)),

@@ -57,8 +57,7 @@ from sapwood.rollout.tasks import KeyRecallConfig, KeyRecallEnv, KeyTask
 from sapwood.rollout.transports import InProcessTransport, KafkaTransport, Transport
 from sapwood.rollout.worker import ExecutionReport, RolloutWorker, run_execution
 
-__all__ = ["ABLATIONS", "ARMS", "DemoConfig", "DemoResult", "ProgressHook", "ablation_verdicts", "run_ablation",
-           "run_demo"]
+__all__ = ["DemoConfig", "DemoResult", "ProgressHook", "run_demo"]
 
 TASK_FAMILY = "key-recall"
 
@@ -89,6 +88,8 @@ class DemoConfig:
     """Nucleus sampling mass of the rollouts."""
     aggregation: Literal["token", "segment_mean"] = "token"
     """Loss aggregation: token-level (|M|) or the per-segment-mean ablation."""
+    fork_weighting: Literal["path", "unit"] = "path"
+    """Token weights: path probabilities (an execution weighs one trajectory) or the unit-weight ablation."""
     train_summaries: bool = True
     """False freezes the summarizer: summary calls are served by the pre-trained policy (version 0)
     and their tokens are not trained, while actions use the newest policy (the sources' "swap only
@@ -100,8 +101,9 @@ class DemoConfig:
     """Critic learning rate."""
     critic_warmup_steps: int = 4
     """Critic-only steps before the first policy update (SAO's critic warm-up)."""
-    lam: float = 0.999
-    """GAE lambda (cross-trajectory GAE discounts earlier segments by ``lam ** tokens after them``)."""
+    lam: float | None = None
+    """GAE lambda (cross-trajectory GAE discounts earlier segments by ``lam ** tokens after them``);
+    None: the learner's horizon-aware default ``1 - 1/horizon_tokens``."""
     task: KeyRecallConfig = field(default_factory=KeyRecallConfig)
     """The task family."""
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
@@ -140,7 +142,7 @@ class DemoConfig:
     def learner_config(self) -> LearnerConfig:
         return LearnerConfig(
             advantage=AdvantageConfig(lam=self.lam),
-            policy=PolicyLossConfig(aggregation=self.aggregation),
+            policy=PolicyLossConfig(aggregation=self.aggregation, fork_weighting=self.fork_weighting),
             critic=CriticConfig(warmup_steps=self.critic_warmup_steps),
             optim=OptimConfig(actor_lr=self.actor_lr, critic_lr=self.critic_lr),
             jmax=self.jmax,
@@ -157,6 +159,8 @@ class DemoConfig:
             raise ValidationError(f"aggregation must be 'token' or 'segment_mean', got {self.aggregation!r}")
         if self.backend not in BACKENDS:
             raise ValidationError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.fork_weighting not in ("path", "unit"):
+            raise ValidationError(f"fork_weighting must be 'path' or 'unit', got {self.fork_weighting!r}")
         if self.kafka_bootstrap and not self.database_url:
             raise ValidationError("the Kafka demo needs --database-url (the store the ingest service writes)")
 
@@ -582,12 +586,15 @@ class _Demo:
         def mean(xs: list[float]) -> float:
             return round(float(np.mean(xs)), 4) if xs else float("nan")
 
+        seg_start = [1.0 + r.compactions / max(1, len(r.leaf_scores)) for r in eval_start]
+
         return {
             "seed": cfg.seed,
             "store": "postgresql" if self.database_url.startswith("postgresql") else "sqlite",
             "transport": "kafka" if cfg.kafka_bootstrap else "in-process",
             "aggregation": cfg.aggregation,
             "backend": cfg.backend,
+            "fork_weighting": cfg.fork_weighting,
             "train_summaries": cfg.train_summaries,
             "reward_start": mean([r.reward for r in eval_start]),
             "reward_end": mean([r.reward for r in eval_end]),
@@ -605,6 +612,13 @@ class _Demo:
             "calls": sum(r.calls for r in reps),
             "compactions": sum(r.compactions for r in reps),
             "forks": sum(r.forks for r in reps),
+            "eval_forks_start": mean([float(r.forks) for r in eval_start]),
+            "eval_forks_end": mean([float(r.forks) for r in eval_end]),
+            "rollout_forks_first": mean([float(r.forks) for r in reps[:window]]),
+            "rollout_forks_last": mean([float(r.forks) for r in reps[-window:]]),
+            # Segments per trajectory of the start evaluation (compactions spread over its trajectories).
+            "eval_segments_mean": mean(seg_start),
+            "eval_segments_max": max(seg_start, default=0.0),
             "timeouts": len(timeouts),
             "timeout_partial_score_mean": mean([r.partial_score for r in timeouts if r.partial_score is not None]),
             "worker_errors": self.worker_errors,
@@ -659,72 +673,3 @@ def _redact(url: str) -> str:
 def run_demo(cfg: DemoConfig | None = None, *, hook: ProgressHook | None = None) -> DemoResult:
     """Run the demo once (see the module docstring)."""
     return _Demo(cfg or DemoConfig(), hook).run()
-
-
-#: Ablation arms: name → changes to the base configuration ("baseline" is the base itself).
-ARMS: dict[str, dict[str, Any]] = {
-    "baseline": {},
-    "segment-mean loss": {"aggregation": "segment_mean"},
-    "frozen summarizer": {"train_summaries": False},
-}
-#: Ablation → its arms; each non-baseline arm is compared with the baseline.
-ABLATIONS: dict[str, list[str]] = {
-    "loss": ["baseline", "segment-mean loss"],
-    "summarizer": ["baseline", "frozen summarizer"],
-    "all": ["baseline", "segment-mean loss", "frozen summarizer"],
-}
-#: What the sources measured for each ablated arm (baseline better in both).
-SOURCE_FIGURES: dict[str, str] = {
-    "segment-mean loss": "CompactionRL: 66.8 with token-level loss vs 60.0 without",
-    "frozen summarizer": "CompactionRL: 55.5 with the trained summarizer vs 49.0 with a worse one",
-}
-
-
-def run_ablation(cfg: DemoConfig, kind: str, *, seeds: list[int] | None = None, hook: ProgressHook | None = None,
-                 on_arm: Callable[[str, int], None] | None = None) -> dict[str, list[DemoResult]]:
-    """Run every arm of ablation ``kind`` for each seed (same seed ⇒ same tasks and start policy).
-
-    Returns arm name → one result per seed.
-    """
-    if kind not in ABLATIONS:
-        raise ValidationError(f"unknown ablation {kind!r}; expected one of {sorted(ABLATIONS)}")
-    out: dict[str, list[DemoResult]] = {name: [] for name in ABLATIONS[kind]}
-    base = cfg.out_dir
-    for seed in seeds or [cfg.seed]:
-        for name in ABLATIONS[kind]:
-            if on_arm is not None:
-                on_arm(name, seed)
-            arm_dir = (Path(base) / f"seed{seed}-{name.replace(' ', '-')}") if base else None
-            out[name].append(run_demo(replace(cfg, **ARMS[name], seed=seed, out_dir=arm_dir), hook=hook))
-    return out
-
-
-def ablation_verdicts(results: dict[str, list[DemoResult]]) -> list[dict[str, Any]]:
-    """Compare each ablated arm with the baseline: final reward and gain, per seed and on average.
-
-    ``direction_reproduced`` is True when the baseline ends higher on average (the sources' direction).
-    """
-    base = results["baseline"]
-    verdicts = []
-    for name, arm in results.items():
-        if name == "baseline":
-            continue
-        d_end = [b.summary["reward_end"] - a.summary["reward_end"] for b, a in zip(base, arm, strict=True)]
-        d_gain = [(b.summary["reward_end"] - b.summary["reward_start"]) - (a.summary["reward_end"]
-                  - a.summary["reward_start"]) for b, a in zip(base, arm, strict=True)]
-        d_roll = [b.summary["rollout_reward_last"] - a.summary["rollout_reward_last"]
-                  for b, a in zip(base, arm, strict=True)]
-        verdicts.append({
-            "arm": name,
-            "source": SOURCE_FIGURES.get(name, ""),
-            "seeds": [b.summary["seed"] for b in base],
-            "baseline_reward_end": [b.summary["reward_end"] for b in base],
-            "arm_reward_end": [a.summary["reward_end"] for a in arm],
-            "delta_reward_end": [round(x, 4) for x in d_end],
-            "delta_reward_end_mean": round(float(np.mean(d_end)), 4),
-            "delta_gain_mean": round(float(np.mean(d_gain)), 4),
-            "delta_rollout_last_mean": round(float(np.mean(d_roll)), 4),
-            "seeds_baseline_better": int(sum(x > 0 for x in d_end)),
-            "direction_reproduced": bool(np.mean(d_end) > 0),
-        })
-    return verdicts

@@ -21,7 +21,7 @@ scorer grades the checkable partial progress (slots correct / K), which becomes 
 Token layout (``KeyRecallConfig`` defaults: 16 symbols, 32 noise tokens, vocab 64)::
 
     0 PAD  1 BOS  2 TASK  3 KEY_OPEN  4 KEY_CLOSE  5 MEM_OPEN  6 MEM_CLOSE  7 SUM_REQ
-    8 SUM_END  9 OK  10 WRONG  11 INVALID  12 NONE  13 CONT  14, 15 spare
+    8 SUM_END  9 OK  10 WRONG  11 INVALID  12 NONE  13 CONT  14 FORK  15 spare
     16 … 16+n_symbols-1 symbols;  then n_noise noise tokens
 
 Contexts (``fixed_layout``: the list is padded to ``max_key`` slots)::
@@ -58,6 +58,7 @@ from sapwood.platform.errors import ValidationError
 __all__ = [
     "BOS",
     "CONT",
+    "FORK",
     "INVALID",
     "KEY_CLOSE",
     "KEY_OPEN",
@@ -84,11 +85,14 @@ __all__ = [
 
 PAD, BOS, TASK, KEY_OPEN, KEY_CLOSE, MEM_OPEN, MEM_CLOSE, SUM_REQ = 0, 1, 2, 3, 4, 5, 6, 7
 SUM_END, OK, WRONG, INVALID, NONE, CONT = 8, 9, 10, 11, 12, 13
+FORK = 14
+"""An action (with ``policy_forks``) that forks the trajectory: it uses a turn, the tool answers
+``FORK``, and the harness continues ``fork_branches`` ways from there."""
 SYMBOL_BASE = 16
 TOKEN_NAMES = {
     PAD: "PAD", BOS: "BOS", TASK: "TASK", KEY_OPEN: "KEY[", KEY_CLOSE: "]KEY", MEM_OPEN: "MEM[",
     MEM_CLOSE: "]MEM", SUM_REQ: "SUMMARIZE", SUM_END: "END", OK: "OK", WRONG: "WRONG", INVALID: "INVALID",
-    NONE: "NONE", CONT: "CONT",
+    NONE: "NONE", CONT: "CONT", FORK: "FORK",
 }
 
 
@@ -116,6 +120,9 @@ class KeyRecallConfig:
     """Probability that an execution forks: one action turn resampled ``fork_branches`` ways."""
     fork_branches: int = 2
     """Branches of a fork (each continues to its own end: a trajectory)."""
+    policy_forks: int = 0
+    """Forks the policy may choose on each trajectory by emitting ``FORK`` (each costs a turn of
+    every branch's budget and earns nothing by itself); 0: ``FORK`` is an invalid action."""
     fixed_layout: bool = True
     """Pad the key and the summary to ``max_key`` slots with ``PAD`` so every segment's list
     starts and ends at the same positions (a tiny model with learned absolute positions then
@@ -130,6 +137,8 @@ class KeyRecallConfig:
             raise ValidationError("max_turns and n_noise must be ≥ 1, noise_per_observation ≥ 0")
         if self.fork_branches < 2 or not 0.0 <= self.fork_prob <= 1.0:
             raise ValidationError("fork_branches must be ≥ 2 and fork_prob in [0, 1]")
+        if self.policy_forks < 0:
+            raise ValidationError(f"policy_forks must be ≥ 0, got {self.policy_forks}")
         longest_prompt = self.max_key + 4
         if longest_prompt + self.turn_tokens + self.summary_reserve > self.context_limit:
             raise ValidationError(
@@ -202,6 +211,8 @@ class BranchState:
     segment: int = 0
     summaries: int = 0
     invalid: int = 0
+    forks: int = 0
+    """Forks the policy chose on this trajectory (``FORK`` actions)."""
     graded: list[bool] = field(default_factory=list)
     """Per graded slot: correct or not."""
     summary_recall: list[float] = field(default_factory=list)
@@ -273,17 +284,25 @@ class KeyRecallEnv:
         return list(state.context)
 
     # -- tool ---------------------------------------------------------------------------------------
+    def can_fork(self, state: BranchState) -> bool:
+        """``FORK`` is a valid action now (the trajectory has forks left and is not done)."""
+        return state.forks < self.config.policy_forks and not state.done
+
     def act(self, state: BranchState, output: list[int], rng: np.random.Generator) -> list[int]:
         """Grade the action ``output`` (its first token) and return the observation tokens.
 
-        Appends action and observation to ``state.context``.
+        Appends action and observation to ``state.context``. A valid ``FORK`` is answered with
+        verdict ``FORK`` (the caller forks the trajectory there).
         """
         c = self.config
         if not output:
             raise ValidationError("an action needs at least one token")
         token = int(output[0])
         state.turns += 1
-        if c.is_symbol(token) and not state.done:
+        if token == FORK and self.can_fork(state):
+            verdict = FORK
+            state.forks += 1
+        elif c.is_symbol(token) and not state.done:
             ok = token == state.task.key[state.slot]
             verdict = OK if ok else WRONG
             state.correct += int(ok)
@@ -324,6 +343,8 @@ class DemoNoise:
     """Per copied symbol: probability it is replaced by a random symbol."""
     summary_truncate: float = 0.3
     """Probability that a summary stops early, after a uniform number of the remaining symbols."""
+    fork_action: float = 0.0
+    """Probability that an action is ``FORK`` where the task allows one (``policy_forks``)."""
 
 
 def teacher_action(env: KeyRecallEnv, state: BranchState, noise: DemoNoise, rng: np.random.Generator) -> int:
@@ -332,6 +353,8 @@ def teacher_action(env: KeyRecallEnv, state: BranchState, noise: DemoNoise, rng:
     It reads only what the context shows (``visible``); past the end of the list it guesses.
     """
     c = env.config
+    if noise.fork_action > 0 and env.can_fork(state) and rng.random() < noise.fork_action:
+        return FORK
     u = float(rng.random())
     if u < noise.invalid_action:
         return c.noise_base + int(rng.integers(0, c.n_noise))

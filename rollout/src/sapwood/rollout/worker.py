@@ -25,7 +25,7 @@ import numpy as np
 from sapwood.platform.events import ModelCall
 from sapwood.rollout.engines import Engine, Generation, SamplingParams
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
-from sapwood.rollout.tasks import INVALID, SUM_END, BranchState, KeyRecallEnv, KeyTask
+from sapwood.rollout.tasks import FORK, INVALID, SUM_END, BranchState, KeyRecallEnv, KeyTask
 
 __all__ = ["ExecutionReport", "RecordedCall", "RolloutWorker", "run_execution"]
 
@@ -122,18 +122,23 @@ class _Episode:
                 self.report.compactions += 1
                 continue
             if fork_turn is not None and state.turns == fork_turn:
-                k = env.config.fork_branches
-                self.ex.fork(k, at=head, reason="resample")
-                self.report.forks += 1
-                leaves: list[tuple[str, BranchState]] = []
-                for _ in range(k):
-                    leaves += self.branch(state.copy(), head, None)
-                return leaves
+                return self._fork(state, head, "resample")
             call, gen = self._call(list(state.context), self.action_params, "action", head)
             obs = env.act(state, gen.output_ids.tolist(), self.rng)
             self.report.invalid_actions += int(obs[0] == INVALID)
             head = self.ex.node(self.ex.observe(obs, after=call, source="tool"))
+            if obs[0] == FORK:  # the policy chose to fork: each branch samples its own next action
+                return self._fork(state, head, "policy")
         return [(head, state)]
+
+    def _fork(self, state: BranchState, head: str, reason: str) -> list[tuple[str, BranchState]]:
+        k = self.env.config.fork_branches
+        self.ex.fork(k, at=head, reason=reason)
+        self.report.forks += 1
+        leaves: list[tuple[str, BranchState]] = []
+        for _ in range(k):
+            leaves += self.branch(state.copy(), head, None)
+        return leaves
 
 
 def run_execution(
