@@ -8,19 +8,19 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.api.queries.cursors import check_uuid, decode_cursor, encode_cursor
+from sapwood.api.queries.cursors import Cursors, check_uuid
 from sapwood.platform import schema as t
 
 _c = t.cells.c
 _d = t.scheduler_decisions.c
 
 
-def list_cells(conn: Connection, *, limit: int, cursor: str | None, lost_after_s: float,
+def list_cells(conn: Connection, *, limit: int, cursor: str | None, cursors: Cursors, lost_after_s: float,
                now: float | None = None) -> dict[str, Any]:
     """Cells ordered by id; ``lost`` when the last heartbeat is older than ``lost_after_s``."""
     q = sa.select(t.cells)
     if cursor:
-        (after,) = decode_cursor(cursor, "cells", (str,))
+        (after,) = cursors.decode(cursor, "cells", (str,))
         q = q.where(_c.cell_id > after)
     rows = conn.execute(q.order_by(_c.cell_id).limit(limit + 1)).mappings().all()
     more = len(rows) > limit
@@ -28,10 +28,10 @@ def list_cells(conn: Connection, *, limit: int, cursor: str | None, lost_after_s
     now = time.time() if now is None else now
     items = [{**dict(r), "lost": now - r["last_heartbeat_at"] > lost_after_s,
               "silent_s": max(now - r["last_heartbeat_at"], 0.0)} for r in rows]
-    return {"items": items, "next_cursor": encode_cursor("cells", rows[-1]["cell_id"]) if more else None}
+    return {"items": items, "next_cursor": cursors.encode("cells", rows[-1]["cell_id"]) if more else None}
 
 
-def list_decisions(conn: Connection, *, limit: int, cursor: str | None, cell_id: str | None = None,
+def list_decisions(conn: Connection, *, limit: int, cursor: str | None, cursors: Cursors, cell_id: str | None = None,
                    role: str | None = None, after: float | None = None, before: float | None = None) -> dict[str, Any]:
     """Role decisions in time order (oldest first), optionally of one cell, one role, a time window [after, before)."""
     q = sa.select(t.scheduler_decisions)
@@ -44,11 +44,11 @@ def list_decisions(conn: Connection, *, limit: int, cursor: str | None, cell_id:
     if before is not None:
         q = q.where(_d.decided_at < before)
     if cursor:
-        at, eid = decode_cursor(cursor, "decisions", (float, str))
+        at, eid = cursors.decode(cursor, "decisions", (float, str))
         eid = check_uuid(eid)
         q = q.where(sa.or_(_d.decided_at > at, sa.and_(_d.decided_at == at, _d.event_id > eid)))
     rows = conn.execute(q.order_by(_d.decided_at, _d.event_id).limit(limit + 1)).mappings().all()
     more = len(rows) > limit
     rows = rows[:limit]
-    nxt = encode_cursor("decisions", rows[-1]["decided_at"], str(rows[-1]["event_id"])) if more else None
+    nxt = cursors.encode("decisions", rows[-1]["decided_at"], str(rows[-1]["event_id"])) if more else None
     return {"items": [{**dict(r), "event_id": str(r["event_id"])} for r in rows], "next_cursor": nxt}

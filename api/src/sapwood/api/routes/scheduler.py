@@ -60,7 +60,7 @@ def list_cells(services: ServicesDep, _key: ReadKey, limit: LimitDep, cursor: Cu
                ) -> dict[str, Any]:
     """Cells ordered by id: tier, capacity, current role, heartbeats and whether the cell is lost."""
     with services.read() as conn:
-        return q.list_cells(conn, limit=limit, cursor=cursor, lost_after_s=lost_after_s)
+        return q.list_cells(conn, limit=limit, cursor=cursor, cursors=services.cursors, lost_after_s=lost_after_s)
 
 
 @router.get("/v1/scheduler/decisions", response_model=DecisionPage)
@@ -72,5 +72,5 @@ def list_decisions(
 ) -> dict[str, Any]:
     """Role decisions oldest first, each with its reason and signal snapshot; filter by cell, role, [after, before)."""
     with services.read() as conn:
-        return q.list_decisions(conn, limit=limit, cursor=cursor, cell_id=cell_id, role=role, after=after,
-                                before=before)
+        return q.list_decisions(conn, limit=limit, cursor=cursor, cursors=services.cursors, cell_id=cell_id,
+                                role=role, after=after, before=before)
