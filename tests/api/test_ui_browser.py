@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,15 +19,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from fastapi import APIRouter
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
 from api.api_helpers import calls_of, load_executions
 from api.live_server import sapwood_serve, serve_in_thread
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.auth import create_key
-from sapwood.api.deps import ReadKey
 from sapwood.platform import runs
+from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 
@@ -271,22 +271,20 @@ def test_decoded_markup_is_shown_as_text_never_run(page: Page, served: Served) -
     shot(page, "escaped")
 
 
-def test_the_scheduler_panel_shows_cells_when_the_server_has_them(browser: Browser, served: Served,
-                                                                   tmp_path: Path) -> None:
-    """An app with a ``/v1/cells`` route (as the scheduler adds) and none for decisions: the panel lists the
-    cells, says decisions are not served, and the page logs no error (it does not probe missing routes)."""
+def test_the_scheduler_panel_shows_cells_and_decisions(browser: Browser, served: Served, tmp_path: Path) -> None:
+    """Cells and role decisions recorded as events are listed by the scheduler panel; a decision's reason is
+    untrusted text and stays text; the page logs no error."""
     store = Store.open(f"sqlite:///{tmp_path / 'cells.db'}")
+    now = time.time()
+    store.apply([CellRegistered(cell_id="rollout-a", tier="core", capacity=4, created_at=now - 60),
+                 CellRegistered(cell_id="train-b", tier="satellite", capacity=8, created_at=now - 60),
+                 CellHeartbeat(cell_id="rollout-a", created_at=now - 1),
+                 CellHeartbeat(cell_id="train-b", created_at=now - 1),
+                 RoleAssigned(cell_id="train-b", role="train", previous_role="rollout", reason="<b>busy</b> learner",
+                              policy="elastic", signals={"backlog_tokens": 123}, created_at=now - 30)])
     with store.transaction() as conn:
         key = create_key(conn, "viewer", "read")[0]
-    router = APIRouter()
-
-    @router.get("/v1/cells")
-    def cells(_key: ReadKey) -> dict[str, Any]:
-        return {"items": [{"cell": "rollout-a", "gpus": 4, "state": "<b>busy</b>"},
-                          {"cell": "train-b", "gpus": 8, "state": "idle"}]}
-
     app = create_app(ApiSettings(), store=store)
-    app.include_router(router)
     context = browser.new_context()
     tab = context.new_page()
     errors: list[str] = []
@@ -301,9 +299,11 @@ def test_the_scheduler_panel_shows_cells_when_the_server_has_them(browser: Brows
         tab.goto(base + "/ui/#/scheduler")
         tab.wait_for_function("h => document.body.dataset.rendered === h", arg="#/scheduler")
         cells_text = tab.text_content("#panel-cells")
-        assert "rollout-a" in cells_text and "train-b" in cells_text and "<b>busy</b>" in cells_text
-        assert tab.locator("#panel-cells tbody tr").count() == 2 and tab.locator("#panel-cells b").count() == 0
-        assert "no /v1/scheduler/decisions route" in tab.text_content("#panel-decisions")
+        assert "rollout-a" in cells_text and "train-b" in cells_text
+        assert tab.locator("#panel-cells tbody tr").count() == 2
+        decisions_text = tab.text_content("#panel-decisions")
+        assert "<b>busy</b> learner" in decisions_text and "backlog_tokens" in decisions_text
+        assert tab.locator("#panel-decisions tbody tr").count() == 1 and tab.locator("#panel-decisions b").count() == 0
         SHOTS.mkdir(parents=True, exist_ok=True)
         tab.screenshot(path=str(SHOTS / "ui-scheduler.png"))
     context.close()
