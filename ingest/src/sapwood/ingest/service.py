@@ -72,7 +72,8 @@ class IngestConfig:
     batch_wait_ms: int = 50
     """After a poll, keep polling this long to fill the transaction up to ``batch_size``."""
     max_event_bytes: int = 1_000_000
-    """Records larger than this are dead-lettered as ``too_large`` without decoding."""
+    """Records larger than this are dead-lettered as ``too_large`` without decoding, and so are records
+    whose payload decompresses to more (never inflated past this bound)."""
     partitions: int = 8
     """Partitions of the topics when this process creates them (0: never create topics)."""
     instance_id: str | None = None
@@ -521,7 +522,7 @@ class IngestService:
                                                   f"max_event_bytes={cfg.max_event_bytes:,}", value, source, r.key))
                         continue
                     try:
-                        event = decode(value, validate=False)
+                        event = decode(value, validate=False, max_bytes=cfg.max_event_bytes)
                     except ValidationError as exc:
                         letters.append(DeadLetter(exc.reason, str(exc), value, source, r.key, exc.event_id))
                         continue

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -63,7 +65,8 @@ Hasher = Any  # hashlib.blake2b object
 _NODE_FIELDS = sa.select(t.nodes.c.node_id, t.nodes.c.execution_id, t.nodes.c.role, t.nodes.c.depth, t.nodes.c.length,
                          t.nodes.c.segment)
 _NODES_BY_ID_PG = _NODE_FIELDS.where(uuid_in(t.nodes.c.node_id, "ids"))
-_EVENT_KEYS = sa.select(t.events.c.event_id, t.events.c.execution_id, t.events.c.seq, t.events.c.kind)
+_EVENT_KEYS = sa.select(t.events.c.event_id, t.events.c.execution_id, t.events.c.seq, t.events.c.kind,
+                        t.events.c.content_digest)
 _EVENTS_BY_ID_PG = _EVENT_KEYS.where(uuid_in(t.events.c.event_id, "ids"))
 
 
@@ -336,7 +339,7 @@ class _Plan:
         if st is not None:
             st["last_seq"] = event.seq
         if not self.replay:
-            self.rows["events"].append(_event_row(event, refs, overrides))
+            self.rows["events"].append(_event_row(event, refs, overrides, self.digest_of))
 
     def check_numbers(self, event: Event) -> None:
         """:meth:`Event.check_numbers` through the batch's figures (the exact check on a doubt)."""
@@ -661,7 +664,62 @@ _HANDLERS: dict[type[Event], Any] = {
 }
 
 
-def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, Any] | None) -> dict[str, Any]:
+def content_digest(event: Event, digest_of: Callable[[np.ndarray], bytes] | None = None) -> bytes:
+    """BLAKE2b-128 of ``event``'s canonical content: its kind, envelope and scalar fields (sorted-key JSON)
+    and each array's name, dtype and span digest. Equal for a byte-identical replay, different when any
+    field or token differs; ``digest_of`` supplies span digests already computed (default: hash the bytes)."""
+    digest = digest_of or (lambda arr: digest_bytes(np.ascontiguousarray(arr).data))
+    head = {"kind": event.kind, "event_id": event.event_id, "execution_id": event.execution_id, "seq": event.seq,
+            "schema_version": event.schema_version, "created_at": event.created_at, "fields": event.scalar_fields()}
+    h = hashlib.blake2b(orjson.dumps(head, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY,
+                                     default=str), digest_size=16)
+    for name, arr in event.array_fields().items():
+        h.update(f"/{name}:{arr.dtype.str}:{arr.size}:".encode())
+        if arr.size:
+            h.update(digest(arr))
+    return h.digest()
+
+
+def _differences(conn: Connection, event: Event) -> list[str]:
+    """Names of what differs between ``event`` and the stored event of the same id (best effort)."""
+    row = conn.execute(sa.select(t.events).where(t.events.c.event_id == event.event_id)).mappings().first()
+    if row is None:
+        return []
+    diff = [k for k in ("kind", "execution_id", "seq", "schema_version", "created_at")
+            if str(row[k]) != str(getattr(event, k))]
+    body = dict(row["body"] or {})
+    stored_arrays = body.pop("arrays", {}) or {}
+    normalized = isinstance(event, ModelCall) and event.parent is None  # stored with the matched node as parent
+    for name, value in event.scalar_fields().items():
+        if normalized and name == "parent":
+            continue
+        if orjson.dumps(body.get(name), default=str) != orjson.dumps(value, default=str):
+            diff.append(name)
+    for name, arr in event.array_fields().items():
+        if normalized and name == "appended":
+            continue
+        ref = stored_arrays.get(name) or [None, 0]
+        mine = [digest_bytes(np.ascontiguousarray(arr).data).hex() if arr.size else None, int(arr.size)]
+        if list(ref) != mine:
+            diff.append(name)
+    return diff or (["appended"] if normalized else ["content"])
+
+
+def _conflict(conn: Connection, ev: Event, prior: tuple[str | None, int | None, str, bytes | None]) -> ConflictError:
+    if (prior[0], prior[1], prior[2]) != (ev.execution_id, ev.seq, ev.kind):
+        return ConflictError(
+            f"event id {ev.event_id} was already stored as {prior[2]} seq {prior[1]} of "
+            f"execution {prior[0]}; this event reuses it with different content"
+        )
+    fields_ = ", ".join(_differences(conn, ev))
+    return ConflictError(
+        f"event id {ev.event_id} ({ev.kind} seq {ev.seq} of execution {ev.execution_id}) was already stored "
+        f"with different content: {fields_} differ; expected a byte-identical replay or a new event id"
+    )
+
+
+def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, Any] | None,
+               digest_of: Callable[[np.ndarray], bytes] | None = None) -> dict[str, Any]:
     """The stored event: envelope columns, and a body of its scalar fields (with ``overrides``) and its arrays
     as [span digest hex, count] (``refs``: every handler notes each array of its event there)."""
     body = event.scalar_fields()
@@ -677,19 +735,24 @@ def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, An
         "schema_version": event.schema_version,
         "created_at": event.created_at,
         "body": body,
+        "content_digest": content_digest(event, digest_of),
     }
 
 
-def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, tuple[str | None, int | None, str]]:
+_Prior = tuple[str | None, int | None, str, bytes | None]
+
+
+def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, _Prior]:
     ids = [e.event_id for e in events]
-    found: dict[str, tuple[str | None, int | None, str]] = {}
+    found: dict[str, _Prior] = {}
     if conn.dialect.name == "postgresql":
         rows: Iterable[Any] = conn.execute(_EVENTS_BY_ID_PG, {"ids": uuid_array_literal(ids)})
     else:
         rows = (r for start in range(0, len(ids), 1000)
                 for r in conn.execute(_EVENT_KEYS.where(t.events.c.event_id.in_(ids[start : start + 1000]))))
     for r in rows:
-        found[r.event_id] = (r.execution_id, r.seq, r.kind)
+        found[r.event_id] = (r.execution_id, r.seq, r.kind,
+                             bytes(r.content_digest) if r.content_digest is not None else None)
     return found
 
 
@@ -718,24 +781,30 @@ def apply_events(
     clock = time.perf_counter()
     if not replay:
         existing = _find_duplicates(conn, todo)
-        seen: set[str] = set()
+        seen: dict[str, Event] = {}
         fresh: list[Event] = []
         for ev in todo:
             prior = existing.get(ev.event_id)
-            if prior is not None or ev.event_id in seen:
-                if prior is not None and (prior[0], prior[1], prior[2]) != (ev.execution_id, ev.seq, ev.kind):
-                    err = ConflictError(
-                        f"event id {ev.event_id} was already stored as {prior[2]} seq {prior[1]} of "
-                        f"execution {prior[0]}; this event reuses it with different content"
-                    )
-                    if strict:
-                        raise err
-                    result.rejected.append(Rejected(ev, err))
-                    continue
-                result.duplicates += 1
+            first = seen.get(ev.event_id)
+            if prior is None and first is None:
+                seen[ev.event_id] = ev
+                fresh.append(ev)
                 continue
-            seen.add(ev.event_id)
-            fresh.append(ev)
+            if prior is not None:
+                same_keys = (prior[0], prior[1], prior[2]) == (ev.execution_id, ev.seq, ev.kind)
+                conflict = not same_keys or (prior[3] is not None and prior[3] != content_digest(ev))
+                err = _conflict(conn, ev, prior) if conflict else None
+            else:
+                assert first is not None
+                err = None if content_digest(first) == content_digest(ev) else ConflictError(
+                    f"event id {ev.event_id} appears twice in one batch with different content; "
+                    "expected a byte-identical replay or a new event id")
+            if err is not None:
+                if strict:
+                    raise err
+                result.rejected.append(Rejected(ev, err))
+                continue
+            result.duplicates += 1
         todo = fresh
     stream = SpanStream(conn) if conn.dialect.name == "postgresql" and not replay and todo else None
     plan = _Plan(conn, cache, replay=replay, stream=stream)
@@ -826,4 +895,4 @@ def _bulk_update_nodes(conn: Connection, updates: dict[str, dict[str, Any]]) -> 
         conn.execute(stmt, rows)
 
 
-__all__ = ["ApplyResult", "ContextCache", "Rejected", "apply_events"]
+__all__ = ["ApplyResult", "ContextCache", "Rejected", "apply_events", "content_digest"]
