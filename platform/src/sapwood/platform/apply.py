@@ -428,29 +428,42 @@ class _Plan:
 
     # -- full-input matching -----------------------------------------------------------------------
     def match_whole_nodes(self, execution_id: str, tokens: np.ndarray) -> tuple[str | None, int]:
-        """Longest chain of existing whole nodes that prefixes ``tokens``: (last node, tokens matched)."""
-        parent: str | None = None
-        offset = 0
+        """Longest chain of existing whole nodes that prefixes ``tokens``: (last node, tokens matched).
+
+        Every context root of the execution is a candidate (segment 0's prompts and each compaction's
+        new root), so a full-token call after a compaction lands in the segment the recorder's delta
+        would name; on equal lengths the most recent root wins (the recorder's choice too). Below the
+        root each level takes the most recent child whose tokens come next.
+        """
+        best: tuple[str | None, int] = (None, 0)
+        for root, digest, length in self._children(execution_id, None):
+            if length <= tokens.size and digest == digest_bytes(pack(tokens[:length])):
+                found = self._descend(execution_id, root, length, tokens)
+                if found[1] > best[1]:
+                    best = found
+        return best
+
+    def _descend(self, execution_id: str, node: str, offset: int, tokens: np.ndarray) -> tuple[str, int]:
         while offset < tokens.size:
-            found = None
-            for nid, digest, length in self._children(execution_id, parent):
+            for nid, digest, length in self._children(execution_id, node):
                 if offset + length <= tokens.size and digest == digest_bytes(pack(tokens[offset : offset + length])):
-                    found = (nid, length)
+                    node, offset = nid, offset + length
                     break
-            if found is None:
+            else:
                 break
-            parent, offset = found[0], offset + found[1]
-        return parent, offset
+        return node, offset
 
     def _children(self, execution_id: str, parent: str | None) -> list[tuple[str, bytes, int]]:
+        """(node id, span digest, length) of ``parent``'s children (None: the context roots), most recent first."""
         c = t.nodes.c
         cond = c.parent_id.is_(None) if parent is None else c.parent_id == parent
-        q = sa.select(c.node_id, c.span_digest, c.length, c.segment).where(c.execution_id == execution_id, cond)
-        out = [(r.node_id, bytes(r.span_digest), r.length) for r in self.db().execute(q) if parent or r.segment == 0]
+        q = (sa.select(c.node_id, c.span_digest, c.length).where(c.execution_id == execution_id, cond)
+             .order_by(c.seq.desc()))
+        out = [(r.node_id, bytes(r.span_digest), r.length) for r in self.db().execute(q)]
         for nid in self.children_new.get(parent, []):
             row = self.new_nodes[nid]
-            if row["execution_id"] == execution_id and (parent or row["segment"] == 0):
-                out.append((nid, row["span_digest"], row["length"]))
+            if row["execution_id"] == execution_id:
+                out.insert(0, (nid, row["span_digest"], row["length"]))
         return out
 
 
