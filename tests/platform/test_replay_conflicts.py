@@ -9,10 +9,10 @@ import pytest
 import sqlalchemy as sa
 
 from sapwood.platform import schema as t
-from sapwood.platform.apply import content_digest
 from sapwood.platform.codec import decode, encode
 from sapwood.platform.errors import ConflictError
 from sapwood.platform.events import Event, ExecutionFinished, ModelCall, Observation
+from sapwood.platform.replays import content_digest
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 from support.histories import small_execution

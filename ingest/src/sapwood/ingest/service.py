@@ -35,7 +35,8 @@ import psycopg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from sapwood.ingest.deadletters import DeadLetter, DeadLetterPublisher, write_dead_letters
+from sapwood.ingest.deadletters import DeadLetter, DeadLetterPublisher, log_dead_letters, write_dead_letters
+from sapwood.ingest.membership import AUTO, DYNAMIC, InstanceLock, resolve_instance_id
 from sapwood.ingest.metrics import IngestMetrics
 from sapwood.ingest.offsets import load_offsets, store_offsets
 from sapwood.ingest.topics import ensure_topics
@@ -77,7 +78,9 @@ class IngestConfig:
     partitions: int = 8
     """Partitions of the topics when this process creates them (0: never create topics)."""
     instance_id: str | None = None
-    """Static group membership: a restarted process with the same id gets its partitions back at once."""
+    """Static group membership: a restarted process with the same id gets its partitions back at once.
+    ``"auto"`` derives ``sapwood-ingest-<host>-<index>`` (the CLI's default, see :mod:`membership`);
+    None: dynamic membership (a stopped member's partitions move at once, a restarted one rejoins)."""
     application_name: str = "sapwood-ingest"
     """PostgreSQL ``application_name`` of the ingest's connections."""
     poll_timeout_ms: int = 200
@@ -88,6 +91,8 @@ class IngestConfig:
     retry_backoff_s: float = 0.2
     max_backoff_s: float = 5.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
+    """Interface of the ``/metrics`` server (loopback unless configured, e.g. ``0.0.0.0``)."""
     commit_to_kafka: bool = True
     """Also commit offsets to Kafka after the database commit (for lag tooling)."""
     migrate: bool = True
@@ -110,6 +115,7 @@ class IngestConfig:
             "partitions": s.kafka_partitions,
             "metrics_port": s.metrics_port,
             "cache_nodes": s.context_cache_nodes,
+            "instance_id": AUTO,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         if not values["bootstrap"]:
@@ -147,14 +153,23 @@ class _Listener(ConsumerRebalanceListener):
     def __init__(self, service: IngestService) -> None:
         self.service = service
 
+    # An exception escaping a listener makes kafka-python log a traceback at ERROR (on close too):
+    # each callback logs its own failure as a warning instead.
     def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        self.service._revoke(revoked)
+        self._guard(self.service._revoke, revoked)
 
     def on_partitions_lost(self, lost: Iterable[TopicPartition]) -> None:
-        self.service._revoke(lost)
+        self._guard(self.service._revoke, lost)
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        self.service._assign(assigned)
+        self._guard(self.service._assign, assigned)
+
+    @staticmethod
+    def _guard(fn: Any, tps: Iterable[TopicPartition]) -> None:
+        try:
+            fn(tps)
+        except Exception as exc:
+            log.warning("rebalance callback %s failed: %s: %s", fn.__name__, type(exc).__name__, exc)
 
 
 _NOT_ASSIGNED = object()
@@ -175,13 +190,16 @@ def connection_lost(exc: BaseException) -> bool:
     return False
 
 
-def consumer_settings(cfg: IngestConfig, client_id: str) -> dict[str, Any]:
-    """The ``KafkaConsumer`` settings of an ingest process (manual commits: offsets live in the store)."""
+def consumer_settings(cfg: IngestConfig, client_id: str, instance_id: str | None = None) -> dict[str, Any]:
+    """The ``KafkaConsumer`` settings of an ingest process (manual commits: offsets live in the store);
+    ``instance_id``: the resolved static membership id (default: ``cfg.instance_id`` unless it is "auto")."""
+    if instance_id is None and cfg.instance_id and cfg.instance_id.lower() not in {AUTO, *DYNAMIC}:
+        instance_id = cfg.instance_id
     settings: dict[str, Any] = {
         "bootstrap_servers": cfg.bootstrap,
         "group_id": cfg.group,
         "client_id": client_id,
-        "group_instance_id": cfg.instance_id,
+        "group_instance_id": instance_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "max_poll_records": cfg.batch_size,
@@ -220,6 +238,7 @@ class IngestService:
         self.consumer: Any = None
         self.dlq: DeadLetterPublisher | None = None
         self.client_id = f"sapwood-ingest-{socket.gethostname()}-{os.getpid()}"
+        self._instance: InstanceLock | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -257,7 +276,9 @@ class IngestService:
             if cfg.dead_letter_topic:
                 topics[cfg.dead_letter_topic] = 1
             ensure_topics(cfg.bootstrap, topics, max_event_bytes=cfg.max_event_bytes)
-        self.consumer = KafkaConsumer(**consumer_settings(cfg, self.client_id))
+        self._instance = resolve_instance_id(cfg.instance_id, cfg.group)
+        instance_id = self._instance.value if self._instance is not None else None
+        self.consumer = KafkaConsumer(**consumer_settings(cfg, self.client_id, instance_id))
         self.consumer.subscribe([cfg.topic], listener=_Listener(self))
         # Know the topic's partitions before joining, so the first assignment is not empty. Subscribed
         # first, so this metadata also reaches the group coordinator: kafka-python compares the metadata
@@ -269,8 +290,9 @@ class IngestService:
         if cfg.dead_letter_topic:
             self.dlq = DeadLetterPublisher(cfg.bootstrap, cfg.dead_letter_topic)
         if cfg.metrics_port is not None:
-            self.metrics.serve(cfg.metrics_port)
-        log.info("ingest %s: group %s, topic %s, store %s", self.client_id, cfg.group, cfg.topic,
+            self.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+        log.info("ingest %s (instance %s): group %s, topic %s, store %s", self.client_id, instance_id or "dynamic",
+                 cfg.group, cfg.topic,
                  make_url(cfg.database_url).render_as_string(hide_password=True))
 
     def _migrate(self) -> None:
@@ -299,6 +321,9 @@ class IngestService:
             self.store.close()
             self.store = None
         self.metrics.close()
+        if self._instance is not None:
+            self._instance.release()
+            self._instance = None
 
     # -- partition assignment -----------------------------------------------------------------------
     def _assign(self, assigned: Iterable[TopicPartition]) -> None:
@@ -551,6 +576,7 @@ class IngestService:
         self._account(result, letters, time.perf_counter() - t0, bool(new_offsets))
         for tp, have in mismatched.items():
             self._reseek(tp, have)
+        log_dead_letters(letters)
         if letters and self.dlq is not None:
             self.dlq.publish(letters)
         if cfg.commit_to_kafka and new_offsets:

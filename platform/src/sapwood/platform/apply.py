@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -54,6 +52,7 @@ from sapwood.platform.events import (
     Prompt,
     SegmentBoundary,
 )
+from sapwood.platform.replays import Prior, content_digest, replay_conflict, same_batch_conflict
 from sapwood.platform.span_stream import SpanStream
 from sapwood.platform.spans import existing_digests, insert_span_rows, new_span_rows, path_tokens, uuid_in
 from sapwood.platform.tokens import digest_bytes, id_limit, input_hasher, pack
@@ -677,60 +676,6 @@ _HANDLERS: dict[type[Event], Any] = {
 }
 
 
-def content_digest(event: Event, digest_of: Callable[[np.ndarray], bytes] | None = None) -> bytes:
-    """BLAKE2b-128 of ``event``'s canonical content: its kind, envelope and scalar fields (sorted-key JSON)
-    and each array's name, dtype and span digest. Equal for a byte-identical replay, different when any
-    field or token differs; ``digest_of`` supplies span digests already computed (default: hash the bytes)."""
-    digest = digest_of or (lambda arr: digest_bytes(np.ascontiguousarray(arr).data))
-    head = {"kind": event.kind, "event_id": event.event_id, "execution_id": event.execution_id, "seq": event.seq,
-            "schema_version": event.schema_version, "created_at": event.created_at, "fields": event.scalar_fields()}
-    h = hashlib.blake2b(orjson.dumps(head, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY,
-                                     default=str), digest_size=16)
-    for name, arr in event.array_fields().items():
-        h.update(f"/{name}:{arr.dtype.str}:{arr.size}:".encode())
-        if arr.size:
-            h.update(digest(arr))
-    return h.digest()
-
-
-def _differences(conn: Connection, event: Event) -> list[str]:
-    """Names of what differs between ``event`` and the stored event of the same id (best effort)."""
-    row = conn.execute(sa.select(t.events).where(t.events.c.event_id == event.event_id)).mappings().first()
-    if row is None:
-        return []
-    diff = [k for k in ("kind", "execution_id", "seq", "schema_version", "created_at")
-            if str(row[k]) != str(getattr(event, k))]
-    body = dict(row["body"] or {})
-    stored_arrays = body.pop("arrays", {}) or {}
-    normalized = isinstance(event, ModelCall) and event.parent is None  # stored with the matched node as parent
-    for name, value in event.scalar_fields().items():
-        if normalized and name == "parent":
-            continue
-        if orjson.dumps(body.get(name), default=str) != orjson.dumps(value, default=str):
-            diff.append(name)
-    for name, arr in event.array_fields().items():
-        if normalized and name == "appended":
-            continue
-        ref = stored_arrays.get(name) or [None, 0]
-        mine = [digest_bytes(np.ascontiguousarray(arr).data).hex() if arr.size else None, int(arr.size)]
-        if list(ref) != mine:
-            diff.append(name)
-    return diff or (["appended"] if normalized else ["content"])
-
-
-def _conflict(conn: Connection, ev: Event, prior: tuple[str | None, int | None, str, bytes | None]) -> ConflictError:
-    if (prior[0], prior[1], prior[2]) != (ev.execution_id, ev.seq, ev.kind):
-        return ConflictError(
-            f"event id {ev.event_id} was already stored as {prior[2]} seq {prior[1]} of "
-            f"execution {prior[0]}; this event reuses it with different content"
-        )
-    fields_ = ", ".join(_differences(conn, ev))
-    return ConflictError(
-        f"event id {ev.event_id} ({ev.kind} seq {ev.seq} of execution {ev.execution_id}) was already stored "
-        f"with different content: {fields_} differ; expected a byte-identical replay or a new event id"
-    )
-
-
 def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, Any] | None,
                digest_of: Callable[[np.ndarray], bytes] | None = None) -> dict[str, Any]:
     """The stored event: envelope columns, and a body of its scalar fields (with ``overrides``) and its arrays
@@ -752,12 +697,9 @@ def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, An
     }
 
 
-_Prior = tuple[str | None, int | None, str, bytes | None]
-
-
-def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, _Prior]:
+def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, Prior]:
     ids = [e.event_id for e in events]
-    found: dict[str, _Prior] = {}
+    found: dict[str, Prior] = {}
     if conn.dialect.name == "postgresql":
         rows: Iterable[Any] = conn.execute(_EVENTS_BY_ID_PG, {"ids": uuid_array_literal(ids)})
     else:
@@ -806,12 +748,10 @@ def apply_events(
             if prior is not None:
                 same_keys = (prior[0], prior[1], prior[2]) == (ev.execution_id, ev.seq, ev.kind)
                 conflict = not same_keys or (prior[3] is not None and prior[3] != content_digest(ev))
-                err = _conflict(conn, ev, prior) if conflict else None
+                err = replay_conflict(conn, ev, prior) if conflict else None
             else:
                 assert first is not None
-                err = None if content_digest(first) == content_digest(ev) else ConflictError(
-                    f"event id {ev.event_id} appears twice in one batch with different content; "
-                    "expected a byte-identical replay or a new event id")
+                err = same_batch_conflict(first, ev)
             if err is not None:
                 if strict:
                     raise err
@@ -908,4 +848,4 @@ def _bulk_update_nodes(conn: Connection, updates: dict[str, dict[str, Any]]) -> 
         conn.execute(stmt, rows)
 
 
-__all__ = ["ApplyResult", "ContextCache", "Rejected", "apply_events", "content_digest"]
+__all__ = ["ApplyResult", "ContextCache", "Rejected", "apply_events"]
