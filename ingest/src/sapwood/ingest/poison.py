@@ -1,23 +1,27 @@
 """Records a producer we did not write might send: the inputs of the fault campaign and its tests.
 
-Every builder returns raw Kafka record values (bytes) and the dead-letter reason ingest must
-give them (``None``: the record is valid and must be applied). Bombs are built by streaming
+:func:`catalogue` gives one poison of every kind with the dead-letter reason ingest must give it
+(``""``: a valid record ingest must apply, e.g. streamed zstd frames). Bombs are built by streaming
 zeros through a zstd compressor, so a 30,000:1 record costs ~1 MB of memory to make.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import struct
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import zstandard
 
 from sapwood.platform.codec import FLAG_ZSTD, MAGIC, WIRE_VERSION, encode
-from sapwood.platform.events import Event
+from sapwood.platform.events import Event, ExecutionStarted, Fork, ModelCall
+from sapwood.platform.writer import ExecutionWriter
 
 _PREFIX = struct.Struct("<4sBB")
 _STEP = 1 << 20
@@ -78,4 +82,104 @@ def _compress_stream(comp: zstandard.ZstdCompressor, parts: Iterable[bytes], tot
     return b"".join(out)
 
 
-__all__ = ["bomb", "recompressed", "zstd_record"]
+@dataclass
+class Poison:
+    """Records of one fresh execution whose last record must be dead-lettered with ``reason``; the
+    events before it are valid (``valid``: their ids, applied as usual)."""
+
+    name: str
+    reason: str
+    records: list[bytes]
+    key: bytes
+    valid: list[str] = field(default_factory=list)
+
+
+def _writer(seed: int, vocab_size: int | None = 1000) -> ExecutionWriter:
+    w = ExecutionWriter(run_id="chaos-poison", task_id=f"poison-{seed}", vocab_size=vocab_size)
+    w.start()
+    root = w.prompt(np.arange(20, dtype=np.int32) + seed % 50)
+    w.call(root.node_id, [1, 2], [3, 4], [-0.1, -0.2])
+    return w
+
+
+def _poison(name: str, reason: str, w: ExecutionWriter, bad: bytes, *, valid: list[Event] | None = None) -> Poison:
+    ok = w.events if valid is None else valid
+    return Poison(name, reason, [encode(e) for e in ok] + [bad], w.execution_id.encode(), [e.event_id for e in ok])
+
+
+def _rewrite_header(data: bytes, mutate: Callable[[dict[str, Any]], None]) -> bytes:
+    (n,) = struct.unpack_from("<I", data, _PREFIX.size)
+    header = json.loads(data[_PREFIX.size + 4 : _PREFIX.size + 4 + n])
+    mutate(header)
+    head = json.dumps(header).encode()
+    return data[: _PREFIX.size] + struct.pack("<I", len(head)) + head + data[_PREFIX.size + 4 + n :]
+
+
+def catalogue(seed: int, *, max_event_bytes: int = 1_000_000) -> list[Poison]:
+    """One poison of every kind ingest tells apart, each in its own execution (``seed`` makes them unique)."""
+    out: list[Poison] = []
+    w = _writer(seed)
+    out.append(Poison("garbage", "decode", [b"\x00\x01 not a sapwood record %d" % seed], w.execution_id.encode()))
+    out.append(_poison("truncated", "decode", w, encode(w.events[-1])[:-5], valid=w.events[:-1]))
+    w = _writer(seed + 1)
+    future = ExecutionStarted(run_id="r", task_id="t", execution_id=w.execution_id, seq=0, schema_version=99)
+    out.append(Poison("schema_version", "schema_version", [encode(future)], w.execution_id.encode()))
+    out.append(Poison("bomb_streamed", "too_large", [bomb(256 << 20, declare_size=False, seed=seed)],
+                      w.execution_id.encode()))
+    out.append(Poison("bomb_declared", "too_large", [bomb(8 << 20, declare_size=True, noise_every=2500, seed=seed)],
+                      w.execution_id.encode()))
+    out.append(Poison("oversized", "too_large", [b"SPWD\x01\x00" + bytes(max_event_bytes + 100)],
+                      w.execution_id.encode()))
+    w = _writer(seed + 2)
+    call = w.events[-1]
+    assert isinstance(call, ModelCall)
+    out.append(_poison("wrong_dtype", "dtype", w, _rewrite_header(encode(call), lambda h: h["arrays"][0].__setitem__(
+        1, "<u4")), valid=w.events[:-1]))
+    w = _writer(seed + 3)
+    call = w.events[-1]
+    assert isinstance(call, ModelCall)
+    call.input_digest = "0" * 32
+    out.append(_poison("digest_mismatch", "digest_mismatch", w, encode(call), valid=w.events[:-1]))
+    w = _writer(seed + 4)
+    gap = copy.copy(w.events[-1])
+    gap.seq = (gap.seq or 0) + 2
+    gap.event_id = str(uuid.uuid4())
+    out.append(_poison("sequence_gap", "sequence", w, encode(gap)))
+    w = _writer(seed + 5)
+    orphan = Fork(execution_id=w.execution_id, seq=len(w.events), at_node=str(uuid.uuid4()), branches=2)
+    out.append(_poison("unknown_parent", "unknown_reference", w, encode(orphan)))
+    w = _writer(seed + 6, vocab_size=100)
+    high = copy.copy(w.events[-1])
+    assert isinstance(high, ModelCall)
+    high.output_ids = np.array([5, 500], dtype=np.int32)
+    out.append(_poison("token_range", "token_range", w, encode(high), valid=w.events[:-1]))
+    w = _writer(seed + 7)
+    positive = copy.copy(w.events[-1])
+    assert isinstance(positive, ModelCall)
+    positive.output_logprobs = np.array([0.5, -0.1], dtype=np.float32)
+    out.append(_poison("positive_logprob", "dtype", w, encode(positive), valid=w.events[:-1]))
+    w = _writer(seed + 8)
+    short = copy.copy(w.events[-1])
+    assert isinstance(short, ModelCall)
+    short.output_logprobs = np.array([-0.1], dtype=np.float32)
+    out.append(_poison("length_mismatch", "length_mismatch", w, encode(short), valid=w.events[:-1]))
+    w = _writer(seed + 9)
+    one_way = Fork(execution_id=w.execution_id, seq=len(w.events), at_node=w.events[-1].output_node_id,  # type: ignore[attr-defined]
+                   branches=1)
+    out.append(_poison("invalid_field", "invalid", w, encode(one_way)))
+    w = _writer(seed + 10)
+    flipped = copy.copy(w.events[1])
+    flipped.token_ids = flipped.token_ids.copy()  # type: ignore[attr-defined]
+    flipped.token_ids[0] += 1  # type: ignore[attr-defined]
+    out.append(_poison("conflicting_replay", "conflict", w, encode(flipped)))
+    long_run = ExecutionWriter(run_id="r" * 300, task_id="t")
+    long_run.start()
+    out.append(Poison("refused_by_database", "store_error", [encode(long_run.events[0])],
+                      long_run.execution_id.encode()))
+    w = _writer(seed + 11)
+    out.append(Poison("streamed_valid", "", [recompressed(e, declare_size=False) for e in w.events],
+                      w.execution_id.encode(), [e.event_id for e in w.events]))
+    return out
+
+
+__all__ = ["Poison", "bomb", "catalogue", "recompressed", "zstd_record"]
