@@ -18,12 +18,16 @@ group consume them, and each round injects one fault, cycling through ``--faults
 * ``broker``: the broker restarted during production (``--broker-restart local`` restarts the test broker
   of this checkout's ``scripts/services.py``; any other value is a shell command).
 
-Recovery of a round: seconds from the end of the fault (restart, SIGCONT, termination, last poison sent,
-broker back) until every record written before the fault ended is applied (stored offsets ≥ the log-end
-offsets sampled then). At the end: producer stopped, ingest catches up and gets SIGTERM; then the store is
-compared with the ledger (lost = acknowledged but not stored, duplicated = stored twice or dead-lettered
-twice), dead letters expected/got by reason, every model call's input rebuilt and compared, projections
-hashed before and after a rebuild, and shutdowns checked for exit 0 without ERROR lines.
+Recovery of a round: seconds from the start of the fault (the SIGKILL, the SIGSTOP, the termination, the
+first poison sent, the broker restart begun) until every record already written when it struck is applied
+(stored offsets ≥ the log-end offsets sampled just after it; for poison, after the last poison record;
+for the broker, just before the restart). A killed process's partitions wait for its restart; a zombie's
+for the group to route around it or for its SIGCONT, whichever comes first.
+
+At the end: producer stopped, ingest catches up and gets SIGTERM; then the store is compared with the ledger
+(lost = acknowledged but not stored, duplicated = stored twice or dead-lettered twice), dead letters
+expected/got by reason, every model call's input rebuilt and compared, projections hashed before and after a
+rebuild, and shutdowns checked for exit 0 without ERROR lines.
 
 The last stdout line is one JSON object with every figure.
 """
@@ -345,16 +349,22 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[str], None] = conso
             slot = rng.randrange(cfg.processes)
             ends = _ends(cfg.bootstrap, topic)
             detail = ""
+            started = time.monotonic()
+            # the log ends are sampled once the fault has struck: records the victim had to apply are pending
             if fault == "kill":
                 time.sleep(rng.uniform(0.2, 1.0))  # mid-batch, most likely
+                started = time.monotonic()
                 fleet.kill(slot)
+                ends = _ends(cfg.bootstrap, topic)
                 fleet.spawn(slot)
             elif fault == "zombie":
                 fleet.signal(slot, signal.SIGSTOP)
+                ends = _ends(cfg.bootstrap, topic)
                 time.sleep(cfg.zombie_s)
                 fleet.signal(slot, signal.SIGCONT)
             elif fault == "terminate":
                 killed, in_tx = terminate_backend(cfg.database_url)
+                ends = _ends(cfg.bootstrap, topic)
                 report.mid_transaction += int(in_tx)
                 detail = "mid-transaction" if in_tx else ("idle" if killed else "no backend")
             elif fault == "poison":
@@ -369,7 +379,9 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[str], None] = conso
             elif fault == "broker":
                 assert cfg.broker_restart is not None
                 cfg.broker_restart()
-            recovery = wait_applied(store.engine, group, topic, ends, cfg.recovery_timeout_s)
+            waited = time.monotonic()
+            applied = wait_applied(store.engine, group, topic, ends, cfg.recovery_timeout_s)
+            recovery = None if applied is None else applied + waited - started
             report.rounds.append(Round(fault, recovery, detail))
             progress(f"round {n + 1}/{cfg.rounds}: {fault} {detail} recovered in "
                      f"{'—' if recovery is None else f'{recovery:.2f} s'}")
