@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import pytest
 from sapwood.ingest.poison import bomb, recompressed, zstd_record
 from sapwood.platform.codec import decode as decode_event
 from sapwood.platform.codec import encode, payload_size
-from sapwood.platform.errors import DecodeError, PayloadTooLargeError
+from sapwood.platform.errors import DecodeError, PayloadTooLargeError, ValidationError
 from sapwood.platform.events import Prompt
 from support.histories import small_execution
 
@@ -119,3 +120,15 @@ def test_the_memory_probe_sees_an_unbounded_inflate(tmp_path: Path) -> None:
     got = _peak_growth(tmp_path, 64 << 20, 0, True, "none")
     assert got["outcome"] == "decoded"
     assert int(got["grew_kib"]) > 60 * 1024, got
+
+
+def test_a_header_without_created_at_is_refused_with_a_clear_error() -> None:
+    ev = small_execution(6).events[1]
+    data = encode(ev)
+    (n,) = struct.unpack_from("<I", data, 6)
+    header = json.loads(data[10 : 10 + n])
+    del header["created_at"]
+    head = json.dumps(header).encode()
+    broken = data[:6] + struct.pack("<I", len(head)) + head + data[10 + n :]
+    with pytest.raises(ValidationError, match="created_at must be a finite number"):
+        decode_event(broken)
