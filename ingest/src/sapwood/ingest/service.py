@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +174,23 @@ class _Listener(ConsumerRebalanceListener):
 
 _NOT_ASSIGNED = object()
 
+#: kafka-python 3.0 loggers that report its own socket teardown races (a read on a transport another thread
+#: just closed) as ERROR with a traceback; quieted while :meth:`IngestService.close` runs, and only then.
+_TEARDOWN_LOGGERS = ("kafka.net.transport", "kafka.conn", "kafka.net")
+
+
+@contextlib.contextmanager
+def _quiet_socket_teardown() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _TEARDOWN_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
 
 def connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it was raised from) means the database connection is gone."""
@@ -308,6 +325,10 @@ class IngestService:
 
     def close(self) -> None:
         """Leave the group and release everything (safe to call twice)."""
+        with _quiet_socket_teardown():
+            self._close()
+
+    def _close(self) -> None:
         if self.consumer is not None:
             try:
                 self.consumer.close(autocommit=False)
