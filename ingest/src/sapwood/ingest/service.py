@@ -35,6 +35,7 @@ import psycopg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
+from sapwood.ingest import kafka_bounds
 from sapwood.ingest.deadletters import DeadLetter, DeadLetterPublisher, log_dead_letters, write_dead_letters
 from sapwood.ingest.membership import AUTO, DYNAMIC, InstanceLock, resolve_instance_id
 from sapwood.ingest.metrics import IngestMetrics
@@ -75,6 +76,9 @@ class IngestConfig:
     max_event_bytes: int = 1_000_000
     """Records larger than this are dead-lettered as ``too_large`` without decoding, and so are records
     whose payload decompresses to more (never inflated past this bound)."""
+    max_batch_bytes: int | None = None
+    """Most bytes a compressed Kafka record batch may inflate to (None: max(64 MiB, 4 × max_event_bytes));
+    a larger batch's offsets are dead-lettered as ``too_large`` (see :mod:`kafka_bounds`)."""
     partitions: int = 8
     """Partitions of the topics when this process creates them (0: never create topics)."""
     instance_id: str | None = None
@@ -173,6 +177,15 @@ class _Listener(ConsumerRebalanceListener):
 
 
 _NOT_ASSIGNED = object()
+
+
+@dataclass
+class _SkippedRecord:
+    """Stands for one record of a batch that was never inflated (dead-lettered without its bytes)."""
+
+    offset: int
+    value: bytes = b""
+    key: bytes | None = None
 
 #: kafka-python 3.0 loggers that report its own socket teardown races (a read on a transport another thread
 #: just closed) as ERROR with a traceback; quieted while :meth:`IngestService.close` runs, and only then.
@@ -293,6 +306,8 @@ class IngestService:
             if cfg.dead_letter_topic:
                 topics[cfg.dead_letter_topic] = 1
             ensure_topics(cfg.bootstrap, topics, max_event_bytes=cfg.max_event_bytes)
+        # record batches are inflated by poll()'s caller: bound them in this thread (the one that runs step())
+        kafka_bounds.install(cfg.max_batch_bytes or max(64 << 20, 4 * cfg.max_event_bytes))
         self._instance = resolve_instance_id(cfg.instance_id, cfg.group)
         instance_id = self._instance.value if self._instance is not None else None
         self.consumer = KafkaConsumer(**consumer_settings(cfg, self.client_id, instance_id))
@@ -455,6 +470,9 @@ class IngestService:
             self._resync_pending()
         try:
             polled = self._poll_batch()
+        except kafka_bounds.BatchTooLargeError as exc:
+            self._skip_batch(exc)
+            return 0
         except Exception as exc:
             log.warning("poll failed: %s", exc)
             time.sleep(self.config.retry_backoff_s)
@@ -485,6 +503,31 @@ class IngestService:
                 polled.setdefault(tp, []).extend(recs)
                 n += len(recs)
         return polled
+
+    def _skip_batch(self, exc: kafka_bounds.BatchTooLargeError) -> None:
+        """Dead-letter every offset of a record batch that inflates past the bound (``too_large``, no payload:
+        the batch was never inflated), store the offset after it and seek there."""
+        tp = exc.partition
+        with self._lock:
+            expected = self.positions.get(tp, _NOT_ASSIGNED)
+        if tp is None or expected is _NOT_ASSIGNED:
+            log.warning("poll failed: %s (partition not held)", exc)
+            time.sleep(self.config.retry_backoff_s)
+            return
+        first = max(exc.base_offset, expected if isinstance(expected, int) else 0)
+        records = [_SkippedRecord(o) for o in range(first, exc.last_offset + 1)]
+        log.error("partition %s: %s; dead-lettering offsets %d..%d", tp.partition, exc, first, exc.last_offset)
+        try:
+            mismatched = self._commit({tp: records}, poison=("too_large", str(exc)))
+        except Exception as err:
+            if connection_lost(err):
+                self._db_down(err)
+                return
+            raise
+        if tp not in mismatched:
+            with self._lock:
+                if tp in self.positions:
+                    self.consumer.seek(tp, exc.last_offset + 1)
 
     def _rebalance_pending(self) -> bool:
         need_rejoin = getattr(getattr(self.consumer, "_coordinator", None), "need_rejoin", None)
