@@ -16,6 +16,11 @@ seeks to the stored offsets. A lost database connection rolls back the batch, di
 the connection pool and re-seeks every partition to its stored offset; a batch that fails
 for another reason is retried one record per transaction, and a record that still fails
 alone is dead-lettered, so a partition never stalls on one bad record.
+
+Nothing is inflated past a bound: a record's payload stops at ``max_event_bytes`` (the codec) and a
+compressed Kafka record batch at ``max_batch_bytes`` (:mod:`kafka_bounds`); both become ``too_large``
+dead letters. Each dead letter is logged once (:func:`log_dead_letters`). Processes join the group with a
+static instance id derived from the host by default (:mod:`membership`).
 """
 
 from __future__ import annotations
