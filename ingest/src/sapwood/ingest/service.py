@@ -192,9 +192,10 @@ class _SkippedRecord:
     value: bytes = b""
     key: bytes | None = None
 
-#: kafka-python 3.0 loggers that report its own socket teardown races (a read on a transport another thread
-#: just closed) as ERROR with a traceback; quieted while :meth:`IngestService.close` runs, and only then.
-_TEARDOWN_LOGGERS = ("kafka.net.transport", "kafka.conn", "kafka.net")
+#: kafka-python 3.0 reports its own teardown races as ERROR, some with a traceback (a read on a transport its
+#: other thread just closed; a heartbeat request cancelled by the close): its loggers are quieted while
+#: :meth:`IngestService.close` runs, and only then (Sapwood's own close warnings still show).
+_TEARDOWN_LOGGERS = ("kafka",)
 
 
 @contextlib.contextmanager
