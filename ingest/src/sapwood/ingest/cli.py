@@ -19,10 +19,15 @@ def ingest(
     group: Annotated[str | None, typer.Option(help="consumer group [SAPWOOD_INGEST_GROUP]")] = None,
     batch_size: Annotated[int | None, typer.Option(help="most records per transaction")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus /metrics on this port")] = None,
+    metrics_addr: Annotated[str, typer.Option(help="interface of /metrics (0.0.0.0: every interface)")] = "127.0.0.1",
     dead_letter_topic: Annotated[str | None, typer.Option(help="dead-letter topic")] = None,
     max_event_bytes: Annotated[int | None, typer.Option(help="larger records are dead-lettered (too_large)")] = None,
+    max_batch_bytes: Annotated[int | None, typer.Option(
+        help="most bytes a compressed Kafka record batch may inflate to [max(64 MiB, 4 x max-event-bytes)]")] = None,
     partitions: Annotated[int | None, typer.Option(help="partitions when creating the topic (0: never create)")] = None,
-    instance_id: Annotated[str | None, typer.Option(help="static group membership id (fast restarts)")] = None,
+    instance_id: Annotated[str, typer.Option(
+        help="static group membership id: 'auto' derives <host>-<index> (a restart gets its partitions back "
+             "at once), 'none' joins dynamically (a stopped member's partitions move at once)")] = "auto",
     application_name: Annotated[str, typer.Option(help="PostgreSQL application_name")] = "sapwood-ingest",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
@@ -49,6 +54,7 @@ def ingest(
             database_url=database_url, bootstrap=bootstrap, topic=topic, group=group, batch_size=batch_size,
             metrics_port=metrics_port, dead_letter_topic=dead_letter_topic, max_event_bytes=max_event_bytes,
             partitions=partitions, instance_id=instance_id, application_name=application_name,
+            metrics_addr=metrics_addr, max_batch_bytes=max_batch_bytes,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -44,6 +44,26 @@ def _uuid_or_none(value: Any) -> str | None:
         return None
 
 
+def _text(key: bytes | None) -> str | None:
+    try:
+        return key.decode("ascii") if key else None
+    except UnicodeDecodeError:
+        return None
+
+
+def log_dead_letters(letters: list[DeadLetter]) -> None:
+    """One structured WARNING line per dead letter: reason, where (topic/partition@offset), key, event id.
+
+    The fields also travel as ``extra={"dead_letter": {...}}`` for JSON log formatters."""
+    for dl in letters:
+        key = _text(dl.key) if dl.key is not None else None
+        fields = {"reason": dl.reason, "source": dl.source, "key": key if key is not None or dl.key is None
+                  else dl.key.hex(), "event_id": dl.event_id, "bytes": len(dl.payload)}
+        log.warning("dead_letter reason=%s source=%s key=%s event_id=%s bytes=%d message=%r", fields["reason"],
+                    fields["source"], fields["key"], fields["event_id"] or "-", fields["bytes"], dl.message[:300],
+                    extra={"dead_letter": fields})
+
+
 def write_dead_letters(conn: Connection, letters: list[DeadLetter]) -> None:
     """Insert ``letters`` into ``dead_letters`` in the caller's transaction."""
     now = time.time()
@@ -53,9 +73,10 @@ def write_dead_letters(conn: Connection, letters: list[DeadLetter]) -> None:
             "reason": dl.reason[:32],
             "message": dl.message[:4000],
             "event_id": _uuid_or_none(dl.event_id),
-            "execution_id": _uuid_or_none(dl.execution_id),
+            "execution_id": _uuid_or_none(dl.execution_id) or _uuid_or_none(_text(dl.key)),
             "source": dl.source[:256],
             "payload": dl.payload,
+            "record_key": dl.key,
         }
         for dl in letters
     ])
@@ -106,4 +127,4 @@ class DeadLetterPublisher:
         self._producer.close(timeout=timeout)
 
 
-__all__ = ["DeadLetter", "DeadLetterPublisher", "write_dead_letters"]
+__all__ = ["DeadLetter", "DeadLetterPublisher", "log_dead_letters", "write_dead_letters"]

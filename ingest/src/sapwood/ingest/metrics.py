@@ -32,8 +32,8 @@ class IngestMetrics:
         )
         self._server: Any = None
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Expose ``/metrics`` on ``port``."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Expose ``/metrics`` on ``addr:port`` (loopback by default; ``0.0.0.0`` for every interface)."""
         self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
 
     def close(self) -> None:

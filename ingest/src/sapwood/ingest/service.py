@@ -16,6 +16,11 @@ seeks to the stored offsets. A lost database connection rolls back the batch, di
 the connection pool and re-seeks every partition to its stored offset; a batch that fails
 for another reason is retried one record per transaction, and a record that still fails
 alone is dead-lettered, so a partition never stalls on one bad record.
+
+Nothing is inflated past a bound: a record's payload stops at ``max_event_bytes`` (the codec) and a
+compressed Kafka record batch at ``max_batch_bytes`` (:mod:`kafka_bounds`); both become ``too_large``
+dead letters. Each dead letter is logged once (:func:`log_dead_letters`). Processes join the group with a
+static instance id derived from the host by default (:mod:`membership`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +40,9 @@ import psycopg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from sapwood.ingest.deadletters import DeadLetter, DeadLetterPublisher, write_dead_letters
+from sapwood.ingest import kafka_bounds
+from sapwood.ingest.deadletters import DeadLetter, DeadLetterPublisher, log_dead_letters, write_dead_letters
+from sapwood.ingest.membership import AUTO, DYNAMIC, InstanceLock, resolve_instance_id
 from sapwood.ingest.metrics import IngestMetrics
 from sapwood.ingest.offsets import load_offsets, store_offsets
 from sapwood.ingest.topics import ensure_topics
@@ -72,11 +79,17 @@ class IngestConfig:
     batch_wait_ms: int = 50
     """After a poll, keep polling this long to fill the transaction up to ``batch_size``."""
     max_event_bytes: int = 1_000_000
-    """Records larger than this are dead-lettered as ``too_large`` without decoding."""
+    """Records larger than this are dead-lettered as ``too_large`` without decoding, and so are records
+    whose payload decompresses to more (never inflated past this bound)."""
+    max_batch_bytes: int | None = None
+    """Most bytes a compressed Kafka record batch may inflate to (None: max(64 MiB, 4 × max_event_bytes));
+    a larger batch's offsets are dead-lettered as ``too_large`` (see :mod:`kafka_bounds`)."""
     partitions: int = 8
     """Partitions of the topics when this process creates them (0: never create topics)."""
     instance_id: str | None = None
-    """Static group membership: a restarted process with the same id gets its partitions back at once."""
+    """Static group membership: a restarted process with the same id gets its partitions back at once.
+    ``"auto"`` derives ``sapwood-ingest-<host>-<index>`` (the CLI's default, see :mod:`membership`);
+    None: dynamic membership (a stopped member's partitions move at once, a restarted one rejoins)."""
     application_name: str = "sapwood-ingest"
     """PostgreSQL ``application_name`` of the ingest's connections."""
     poll_timeout_ms: int = 200
@@ -87,6 +100,8 @@ class IngestConfig:
     retry_backoff_s: float = 0.2
     max_backoff_s: float = 5.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
+    """Interface of the ``/metrics`` server (loopback unless configured, e.g. ``0.0.0.0``)."""
     commit_to_kafka: bool = True
     """Also commit offsets to Kafka after the database commit (for lag tooling)."""
     migrate: bool = True
@@ -109,6 +124,7 @@ class IngestConfig:
             "partitions": s.kafka_partitions,
             "metrics_port": s.metrics_port,
             "cache_nodes": s.context_cache_nodes,
+            "instance_id": AUTO,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         if not values["bootstrap"]:
@@ -146,17 +162,53 @@ class _Listener(ConsumerRebalanceListener):
     def __init__(self, service: IngestService) -> None:
         self.service = service
 
+    # An exception escaping a listener makes kafka-python log a traceback at ERROR (on close too):
+    # each callback logs its own failure as a warning instead.
     def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        self.service._revoke(revoked)
+        self._guard(self.service._revoke, revoked)
 
     def on_partitions_lost(self, lost: Iterable[TopicPartition]) -> None:
-        self.service._revoke(lost)
+        self._guard(self.service._revoke, lost)
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        self.service._assign(assigned)
+        self._guard(self.service._assign, assigned)
+
+    @staticmethod
+    def _guard(fn: Any, tps: Iterable[TopicPartition]) -> None:
+        try:
+            fn(tps)
+        except Exception as exc:
+            log.warning("rebalance callback %s failed: %s: %s", fn.__name__, type(exc).__name__, exc)
 
 
 _NOT_ASSIGNED = object()
+
+
+@dataclass
+class _SkippedRecord:
+    """Stands for one record of a batch that was never inflated (dead-lettered without its bytes)."""
+
+    offset: int
+    value: bytes = b""
+    key: bytes | None = None
+
+#: kafka-python 3.0 reports its own teardown races as ERROR, some with a traceback (a read on a transport its
+#: other thread just closed; a heartbeat request cancelled by the close): its loggers are quieted while
+#: :meth:`IngestService.close` runs, and only then (Sapwood's own close warnings still show).
+_TEARDOWN_LOGGERS = ("kafka",)
+
+
+@contextlib.contextmanager
+def _quiet_socket_teardown() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _TEARDOWN_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def connection_lost(exc: BaseException) -> bool:
@@ -174,13 +226,16 @@ def connection_lost(exc: BaseException) -> bool:
     return False
 
 
-def consumer_settings(cfg: IngestConfig, client_id: str) -> dict[str, Any]:
-    """The ``KafkaConsumer`` settings of an ingest process (manual commits: offsets live in the store)."""
+def consumer_settings(cfg: IngestConfig, client_id: str, instance_id: str | None = None) -> dict[str, Any]:
+    """The ``KafkaConsumer`` settings of an ingest process (manual commits: offsets live in the store);
+    ``instance_id``: the resolved static membership id (default: ``cfg.instance_id`` unless it is "auto")."""
+    if instance_id is None and cfg.instance_id and cfg.instance_id.lower() not in {AUTO, *DYNAMIC}:
+        instance_id = cfg.instance_id
     settings: dict[str, Any] = {
         "bootstrap_servers": cfg.bootstrap,
         "group_id": cfg.group,
         "client_id": client_id,
-        "group_instance_id": cfg.instance_id,
+        "group_instance_id": instance_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "max_poll_records": cfg.batch_size,
@@ -219,6 +274,7 @@ class IngestService:
         self.consumer: Any = None
         self.dlq: DeadLetterPublisher | None = None
         self.client_id = f"sapwood-ingest-{socket.gethostname()}-{os.getpid()}"
+        self._instance: InstanceLock | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -256,7 +312,11 @@ class IngestService:
             if cfg.dead_letter_topic:
                 topics[cfg.dead_letter_topic] = 1
             ensure_topics(cfg.bootstrap, topics, max_event_bytes=cfg.max_event_bytes)
-        self.consumer = KafkaConsumer(**consumer_settings(cfg, self.client_id))
+        # record batches are inflated by poll()'s caller: bound them in this thread (the one that runs step())
+        kafka_bounds.install(cfg.max_batch_bytes or max(64 << 20, 4 * cfg.max_event_bytes))
+        self._instance = resolve_instance_id(cfg.instance_id, cfg.group)
+        instance_id = self._instance.value if self._instance is not None else None
+        self.consumer = KafkaConsumer(**consumer_settings(cfg, self.client_id, instance_id))
         self.consumer.subscribe([cfg.topic], listener=_Listener(self))
         # Know the topic's partitions before joining, so the first assignment is not empty. Subscribed
         # first, so this metadata also reaches the group coordinator: kafka-python compares the metadata
@@ -268,8 +328,9 @@ class IngestService:
         if cfg.dead_letter_topic:
             self.dlq = DeadLetterPublisher(cfg.bootstrap, cfg.dead_letter_topic)
         if cfg.metrics_port is not None:
-            self.metrics.serve(cfg.metrics_port)
-        log.info("ingest %s: group %s, topic %s, store %s", self.client_id, cfg.group, cfg.topic,
+            self.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+        log.info("ingest %s (instance %s): group %s, topic %s, store %s", self.client_id, instance_id or "dynamic",
+                 cfg.group, cfg.topic,
                  make_url(cfg.database_url).render_as_string(hide_password=True))
 
     def _migrate(self) -> None:
@@ -285,6 +346,10 @@ class IngestService:
 
     def close(self) -> None:
         """Leave the group and release everything (safe to call twice)."""
+        with _quiet_socket_teardown():
+            self._close()
+
+    def _close(self) -> None:
         if self.consumer is not None:
             try:
                 self.consumer.close(autocommit=False)
@@ -298,6 +363,9 @@ class IngestService:
             self.store.close()
             self.store = None
         self.metrics.close()
+        if self._instance is not None:
+            self._instance.release()
+            self._instance = None
 
     # -- partition assignment -----------------------------------------------------------------------
     def _assign(self, assigned: Iterable[TopicPartition]) -> None:
@@ -408,6 +476,9 @@ class IngestService:
             self._resync_pending()
         try:
             polled = self._poll_batch()
+        except kafka_bounds.BatchTooLargeError as exc:
+            self._skip_batch(exc)
+            return 0
         except Exception as exc:
             log.warning("poll failed: %s", exc)
             time.sleep(self.config.retry_backoff_s)
@@ -438,6 +509,31 @@ class IngestService:
                 polled.setdefault(tp, []).extend(recs)
                 n += len(recs)
         return polled
+
+    def _skip_batch(self, exc: kafka_bounds.BatchTooLargeError) -> None:
+        """Dead-letter every offset of a record batch that inflates past the bound (``too_large``, no payload:
+        the batch was never inflated), store the offset after it and seek there."""
+        tp = exc.partition
+        with self._lock:
+            expected = self.positions.get(tp, _NOT_ASSIGNED)
+        if tp is None or expected is _NOT_ASSIGNED:
+            log.warning("poll failed: %s (partition not held)", exc)
+            time.sleep(self.config.retry_backoff_s)
+            return
+        first = max(exc.base_offset, expected if isinstance(expected, int) else 0)
+        records = [_SkippedRecord(o) for o in range(first, exc.last_offset + 1)]
+        log.error("partition %s: %s; dead-lettering offsets %d..%d", tp.partition, exc, first, exc.last_offset)
+        try:
+            mismatched = self._commit({tp: records}, poison=("too_large", str(exc)))
+        except Exception as err:
+            if connection_lost(err):
+                self._db_down(err)
+                return
+            raise
+        if tp not in mismatched:
+            with self._lock:
+                if tp in self.positions:
+                    self.consumer.seek(tp, exc.last_offset + 1)
 
     def _rebalance_pending(self) -> bool:
         need_rejoin = getattr(getattr(self.consumer, "_coordinator", None), "need_rejoin", None)
@@ -521,7 +617,7 @@ class IngestService:
                                                   f"max_event_bytes={cfg.max_event_bytes:,}", value, source, r.key))
                         continue
                     try:
-                        event = decode(value, validate=False)
+                        event = decode(value, validate=False, max_bytes=cfg.max_event_bytes)
                     except ValidationError as exc:
                         letters.append(DeadLetter(exc.reason, str(exc), value, source, r.key, exc.event_id))
                         continue
@@ -550,6 +646,7 @@ class IngestService:
         self._account(result, letters, time.perf_counter() - t0, bool(new_offsets))
         for tp, have in mismatched.items():
             self._reseek(tp, have)
+        log_dead_letters(letters)
         if letters and self.dlq is not None:
             self.dlq.publish(letters)
         if cfg.commit_to_kafka and new_offsets:

@@ -53,6 +53,7 @@ from sapwood.platform.events import (
     Prompt,
     SegmentBoundary,
 )
+from sapwood.platform.replays import Prior, content_digest, replay_conflict, same_batch_conflict
 from sapwood.platform.span_stream import SpanStream
 from sapwood.platform.spans import existing_digests, insert_span_rows, new_span_rows, path_tokens, uuid_in
 from sapwood.platform.tokens import digest_bytes, id_limit, input_hasher, pack
@@ -64,7 +65,8 @@ Hasher = Any  # hashlib.blake2b object
 _NODE_FIELDS = sa.select(t.nodes.c.node_id, t.nodes.c.execution_id, t.nodes.c.role, t.nodes.c.depth, t.nodes.c.length,
                          t.nodes.c.segment)
 _NODES_BY_ID_PG = _NODE_FIELDS.where(uuid_in(t.nodes.c.node_id, "ids"))
-_EVENT_KEYS = sa.select(t.events.c.event_id, t.events.c.execution_id, t.events.c.seq, t.events.c.kind)
+_EVENT_KEYS = sa.select(t.events.c.event_id, t.events.c.execution_id, t.events.c.seq, t.events.c.kind,
+                        t.events.c.content_digest)
 _EVENTS_BY_ID_PG = _EVENT_KEYS.where(uuid_in(t.events.c.event_id, "ids"))
 
 
@@ -337,7 +339,7 @@ class _Plan:
         if st is not None:
             st["last_seq"] = event.seq
         if not self.replay:
-            self.rows["events"].append(_event_row(event, refs, overrides))
+            self.rows["events"].append(_event_row(event, refs, overrides, self.digest_of))
 
     def check_numbers(self, event: Event) -> None:
         """:meth:`Event.check_numbers` through the batch's figures (the exact check on a doubt)."""
@@ -426,29 +428,42 @@ class _Plan:
 
     # -- full-input matching -----------------------------------------------------------------------
     def match_whole_nodes(self, execution_id: str, tokens: np.ndarray) -> tuple[str | None, int]:
-        """Longest chain of existing whole nodes that prefixes ``tokens``: (last node, tokens matched)."""
-        parent: str | None = None
-        offset = 0
+        """Longest chain of existing whole nodes that prefixes ``tokens``: (last node, tokens matched).
+
+        Every context root of the execution is a candidate (segment 0's prompts and each compaction's
+        new root), so a full-token call after a compaction lands in the segment the recorder's delta
+        would name; on equal lengths the most recent root wins (the recorder's choice too). Below the
+        root each level takes the most recent child whose tokens come next.
+        """
+        best: tuple[str | None, int] = (None, 0)
+        for root, digest, length in self._children(execution_id, None):
+            if length <= tokens.size and digest == digest_bytes(pack(tokens[:length])):
+                found = self._descend(execution_id, root, length, tokens)
+                if found[1] > best[1]:
+                    best = found
+        return best
+
+    def _descend(self, execution_id: str, node: str, offset: int, tokens: np.ndarray) -> tuple[str, int]:
         while offset < tokens.size:
-            found = None
-            for nid, digest, length in self._children(execution_id, parent):
+            for nid, digest, length in self._children(execution_id, node):
                 if offset + length <= tokens.size and digest == digest_bytes(pack(tokens[offset : offset + length])):
-                    found = (nid, length)
+                    node, offset = nid, offset + length
                     break
-            if found is None:
+            else:
                 break
-            parent, offset = found[0], offset + found[1]
-        return parent, offset
+        return node, offset
 
     def _children(self, execution_id: str, parent: str | None) -> list[tuple[str, bytes, int]]:
+        """(node id, span digest, length) of ``parent``'s children (None: the context roots), most recent first."""
         c = t.nodes.c
         cond = c.parent_id.is_(None) if parent is None else c.parent_id == parent
-        q = sa.select(c.node_id, c.span_digest, c.length, c.segment).where(c.execution_id == execution_id, cond)
-        out = [(r.node_id, bytes(r.span_digest), r.length) for r in self.db().execute(q) if parent or r.segment == 0]
+        q = (sa.select(c.node_id, c.span_digest, c.length).where(c.execution_id == execution_id, cond)
+             .order_by(c.seq.desc()))
+        out = [(r.node_id, bytes(r.span_digest), r.length) for r in self.db().execute(q)]
         for nid in self.children_new.get(parent, []):
             row = self.new_nodes[nid]
-            if row["execution_id"] == execution_id and (parent or row["segment"] == 0):
-                out.append((nid, row["span_digest"], row["length"]))
+            if row["execution_id"] == execution_id:
+                out.insert(0, (nid, row["span_digest"], row["length"]))
         return out
 
 
@@ -663,7 +678,8 @@ _HANDLERS: dict[type[Event], Any] = {
 }
 
 
-def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, Any] | None) -> dict[str, Any]:
+def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, Any] | None,
+               digest_of: Callable[[np.ndarray], bytes] | None = None) -> dict[str, Any]:
     """The stored event: envelope columns, and a body of its scalar fields (with ``overrides``) and its arrays
     as [span digest hex, count] (``refs``: every handler notes each array of its event there)."""
     body = event.scalar_fields()
@@ -679,19 +695,21 @@ def _event_row(event: Event, refs: dict[str, list[Any]], overrides: dict[str, An
         "schema_version": event.schema_version,
         "created_at": event.created_at,
         "body": body,
+        "content_digest": content_digest(event, digest_of),
     }
 
 
-def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, tuple[str | None, int | None, str]]:
+def _find_duplicates(conn: Connection, events: Sequence[Event]) -> dict[str, Prior]:
     ids = [e.event_id for e in events]
-    found: dict[str, tuple[str | None, int | None, str]] = {}
+    found: dict[str, Prior] = {}
     if conn.dialect.name == "postgresql":
         rows: Iterable[Any] = conn.execute(_EVENTS_BY_ID_PG, {"ids": uuid_array_literal(ids)})
     else:
         rows = (r for start in range(0, len(ids), 1000)
                 for r in conn.execute(_EVENT_KEYS.where(t.events.c.event_id.in_(ids[start : start + 1000]))))
     for r in rows:
-        found[r.event_id] = (r.execution_id, r.seq, r.kind)
+        found[r.event_id] = (r.execution_id, r.seq, r.kind,
+                             bytes(r.content_digest) if r.content_digest is not None else None)
     return found
 
 
@@ -720,24 +738,28 @@ def apply_events(
     clock = time.perf_counter()
     if not replay:
         existing = _find_duplicates(conn, todo)
-        seen: set[str] = set()
+        seen: dict[str, Event] = {}
         fresh: list[Event] = []
         for ev in todo:
             prior = existing.get(ev.event_id)
-            if prior is not None or ev.event_id in seen:
-                if prior is not None and (prior[0], prior[1], prior[2]) != (ev.execution_id, ev.seq, ev.kind):
-                    err = ConflictError(
-                        f"event id {ev.event_id} was already stored as {prior[2]} seq {prior[1]} of "
-                        f"execution {prior[0]}; this event reuses it with different content"
-                    )
-                    if strict:
-                        raise err
-                    result.rejected.append(Rejected(ev, err))
-                    continue
-                result.duplicates += 1
+            first = seen.get(ev.event_id)
+            if prior is None and first is None:
+                seen[ev.event_id] = ev
+                fresh.append(ev)
                 continue
-            seen.add(ev.event_id)
-            fresh.append(ev)
+            if prior is not None:
+                same_keys = (prior[0], prior[1], prior[2]) == (ev.execution_id, ev.seq, ev.kind)
+                conflict = not same_keys or (prior[3] is not None and prior[3] != content_digest(ev))
+                err = replay_conflict(conn, ev, prior) if conflict else None
+            else:
+                assert first is not None
+                err = same_batch_conflict(first, ev)
+            if err is not None:
+                if strict:
+                    raise err
+                result.rejected.append(Rejected(ev, err))
+                continue
+            result.duplicates += 1
         todo = fresh
     stream = SpanStream(conn) if conn.dialect.name == "postgresql" and not replay and todo else None
     plan = _Plan(conn, cache, replay=replay, stream=stream)

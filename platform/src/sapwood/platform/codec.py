@@ -7,6 +7,12 @@ Layout (all integers little-endian)::
     u8       flags: bit 0 = payload zstd-compressed
     payload: u32 header length · header (UTF-8 JSON, scalars only) · raw array bytes
 
+With the zstd flag the payload is one or more zstd frames, with or without a declared content
+size (streaming encoders leave it out). Decoding never inflates more than ``max_bytes``: a
+declared size above it is refused before anything is allocated, and frames without one are
+inflated in bounded steps that stop one byte past the limit (:class:`PayloadTooLargeError`).
+The full specification, for producers in other languages, is ``docs/wire-format.md``.
+
 The header names each array with its dtype and element count (``[name, "<i4", n]``);
 token ids are packed int32 and log-probs float32 — numbers never travel as JSON lists.
 """
@@ -22,7 +28,7 @@ import numpy as np
 import orjson
 import zstandard
 
-from sapwood.platform.errors import DecodeError, DTypeError, SchemaVersionError
+from sapwood.platform.errors import DecodeError, DTypeError, PayloadTooLargeError, SchemaVersionError
 from sapwood.platform.events import EVENT_TYPES, SUPPORTED_SCHEMA_VERSIONS, Event, build_event
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
 
@@ -34,6 +40,10 @@ _U32 = struct.Struct("<I")
 _DTYPES = {"tokens": TOKEN_DTYPE, "logprobs": LOGPROB_DTYPE}
 #: Payloads smaller than this are not worth compressing.
 ZSTD_MIN_BYTES = 512
+#: Default bound of a decoded payload (bytes after decompression): the default event limit.
+DEFAULT_MAX_BYTES = 1_000_000
+#: Output bytes asked of the zstd stream reader per step when a frame declares no content size.
+_INFLATE_STEP = 1 << 20
 
 _compressor = zstandard.ZstdCompressor(level=1)
 _decompressor = zstandard.ZstdDecompressor()
@@ -61,9 +71,13 @@ def encode(event: Event, *, compress: bool = False) -> bytes:
     return _PREFIX.pack(MAGIC, WIRE_VERSION, flags) + payload
 
 
-def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
+def decode(data: bytes | memoryview, *, validate: bool = True, max_bytes: int | None = DEFAULT_MAX_BYTES) -> Event:
     """Parse bytes from :func:`encode`; raise :class:`DecodeError` (or a subclass of
-    :class:`ValidationError`) saying what was wrong and what was expected."""
+    :class:`ValidationError`) saying what was wrong and what was expected.
+
+    ``max_bytes`` bounds the payload after decompression (None: unbounded, for trusted bytes);
+    a larger one raises :class:`PayloadTooLargeError` without being inflated past the bound.
+    """
     buf = data if isinstance(data, bytes) else bytes(data)
     if len(buf) < _PREFIX.size:
         raise DecodeError(f"event too short: {len(buf)} bytes, expected at least {_PREFIX.size}")
@@ -76,10 +90,9 @@ def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
         raise DecodeError(f"unknown flags 0x{flags:02x}")
     payload: bytes | memoryview = memoryview(buf)[_PREFIX.size :]  # arrays are views on the record, not copies
     if flags & FLAG_ZSTD:
-        try:
-            payload = _decompressor.decompress(payload)
-        except zstandard.ZstdError as exc:
-            raise DecodeError(f"corrupt zstd payload: {exc}") from None
+        payload = inflate(payload, max_bytes)
+    elif max_bytes is not None and len(payload) > max_bytes:
+        raise PayloadTooLargeError(f"payload of {len(payload):,} bytes exceeds max_bytes={max_bytes:,}")
     header, offset = _read_header(payload)
     version_seen = header.get("schema_version")
     if version_seen not in SUPPORTED_SCHEMA_VERSIONS:
@@ -122,6 +135,54 @@ def decode(data: bytes | memoryview, *, validate: bool = True) -> Event:
     if validate:
         event.validate()
     return event
+
+
+def inflate(frames: bytes | memoryview, max_bytes: int | None) -> bytes:
+    """Decompress the zstd ``frames`` (one or more, content size declared or not) into at most
+    ``max_bytes`` bytes; raise :class:`PayloadTooLargeError` above it, :class:`DecodeError` when corrupt.
+
+    Memory stays O(``max_bytes``) whatever the compression ratio: a declared content size is checked
+    before any output is allocated, and undeclared ones are read in steps that stop past the bound.
+    """
+    limit = max_bytes if max_bytes is not None else 1 << 62
+    try:
+        declared = zstandard.frame_content_size(frames)
+    except zstandard.ZstdError as exc:
+        raise DecodeError(f"corrupt zstd payload: {exc}; expected zstd frames") from None
+    if declared > limit:
+        raise PayloadTooLargeError(f"zstd frame declares {declared:,} bytes, above max_bytes={limit:,}")
+    step = declared + 1 if declared >= 0 else _INFLATE_STEP
+    parts: list[bytes] = []
+    total = 0
+    try:
+        reader = _decompressor.stream_reader(frames, read_across_frames=True)
+        while total <= limit:
+            chunk = reader.read(min(step, limit + 1 - total))
+            if not chunk:
+                break
+            parts.append(chunk)
+            total += len(chunk)
+    except zstandard.ZstdError as exc:
+        raise DecodeError(f"corrupt zstd payload: {exc}") from None
+    if total > limit:
+        raise PayloadTooLargeError(f"zstd payload inflates past max_bytes={limit:,} "
+                                 f"({len(frames):,} compressed bytes; stopped at {total:,})")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def payload_size(data: bytes | memoryview) -> int | None:
+    """Bytes of an encoded event's payload after decompression, from its header alone (None when a
+    compressed payload declares no content size)."""
+    if len(data) < _PREFIX.size:
+        return None
+    _magic, _version, flags = _PREFIX.unpack_from(data)
+    if not flags & FLAG_ZSTD:
+        return len(data) - _PREFIX.size
+    try:
+        size = zstandard.frame_content_size(memoryview(data)[_PREFIX.size :])
+    except zstandard.ZstdError:
+        return None
+    return size if size >= 0 else None
 
 
 def _dtype_of(text: Any) -> np.dtype[Any] | None:

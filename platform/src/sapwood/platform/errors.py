@@ -10,6 +10,7 @@
     │   ├── DigestMismatchError  the reconstructed input does not hash to the recorded digest
     │   ├── SequenceError        per-execution order violated (gap, reuse, event after finish)
     │   └── DecodeError          bytes that are not a Sapwood event
+    │       └── PayloadTooLargeError   a record or its decompressed payload exceeds the event limit
     ├── ConflictError            an id was reused with different content
     └── StoreError               the database failed (driver errors are translated to this)
         └── StoreUnavailableError  the connection was lost; the operation may be retried
@@ -63,6 +64,12 @@ class SequenceError(ValidationError):
 
 class DecodeError(ValidationError):
     reason = "decode"
+
+
+class PayloadTooLargeError(DecodeError):
+    """The record, or what its payload decompresses to, is larger than the event limit."""
+
+    reason = "too_large"
 
 
 class ConflictError(SapwoodError):

@@ -114,6 +114,10 @@ class Event:
             canonical_uuid(self.event_id)
         except (ValueError, AttributeError, TypeError):
             raise ValidationError(f"event_id must be a UUID string, got {self.event_id!r}") from None
+        if isinstance(self.created_at, bool) or not isinstance(self.created_at, int | float) or not math.isfinite(
+                self.created_at):
+            raise ValidationError(f"{self.kind}: created_at must be a finite number (unix seconds), got "
+                                  f"{self.created_at!r}", event_id=self.event_id)
         if self.execution_scoped:
             if not self.execution_id:
                 raise ValidationError(f"{self.kind}: execution_id is required", event_id=self.event_id)

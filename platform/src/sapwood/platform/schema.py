@@ -61,6 +61,8 @@ events = Table(
     Column("schema_version", SmallInteger, nullable=False),
     Column("created_at", Float, nullable=False, comment="producer clock, unix seconds"),
     Column("body", RecordJson, nullable=False, comment="scalar fields; arrays as [span digest hex, count]"),
+    Column("content_digest", LargeBinary(16), nullable=True,
+           comment="BLAKE2b-128 of the canonical content (NULL before revision 0008)"),
     UniqueConstraint("execution_id", "seq", name="uq_events_execution_seq"),
 )
 
@@ -190,6 +192,7 @@ dead_letters = Table(
     Column("execution_id", Id, nullable=True),
     Column("source", String(256), nullable=False, comment="e.g. kafka:topic/partition@offset"),
     Column("payload", LargeBinary, nullable=False, comment="the original bytes"),
+    Column("record_key", LargeBinary, nullable=True, comment="Kafka record key (the execution id for TITO events)"),
 )
 
 consumer_offsets = Table(

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from sapwood.platform.codec import encode, peek_key
+from sapwood.platform.codec import encode, payload_size, peek_key
 from sapwood.platform.errors import SapwoodError, ValidationError
 from sapwood.platform.events import Event, ExecutionFinished
 
@@ -314,9 +314,11 @@ class KafkaTransport(Transport):
             raise TransportError("transport is closed")
         self.raise_pending()
         data = encode(event, compress=self._codec_compress)
-        if len(data) > self._max_event_bytes:
+        decoded = payload_size(data) if self._codec_compress else None
+        if len(data) > self._max_event_bytes or (decoded or 0) > self._max_event_bytes:
             raise EventTooLargeError(
-                f"{event.kind} {event.event_id} encodes to {len(data):,} bytes, above max_event_bytes="
+                f"{event.kind} {event.event_id} encodes to {len(data):,} bytes ({decoded or len(data):,} "
+                f"decompressed; ingest bounds both), above max_event_bytes="
                 f"{self.max_event_bytes:,}; raise the topic's max.message.bytes and max_event_bytes together",
                 event_id=event.event_id,
             )

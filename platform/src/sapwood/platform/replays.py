@@ -1,0 +1,102 @@
+"""Replays: an event id seen again is a duplicate only when its content is identical.
+
+Each stored event keeps :func:`content_digest` (``events.content_digest``); a replay with another
+digest is a :class:`ConflictError` that names what differs (envelope keys, scalar fields, arrays).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from sapwood.platform import schema as t
+from sapwood.platform.errors import ConflictError
+from sapwood.platform.events import Event, ModelCall
+from sapwood.platform.tokens import digest_bytes
+
+#: (execution id, seq, kind, content digest or None before revision 0008) of a stored event.
+Prior = tuple[str | None, int | None, str, bytes | None]
+
+_ENVELOPE_KEYS = ("kind", "execution_id", "seq", "schema_version", "created_at")
+
+
+def content_digest(event: Event, digest_of: Callable[[np.ndarray], bytes] | None = None) -> bytes:
+    """BLAKE2b-128 of ``event``'s canonical content: its kind, envelope and scalar fields (sorted-key JSON)
+    and each array's name, dtype and span digest. Equal for a byte-identical replay, different when any
+    field or token differs; ``digest_of`` supplies span digests already computed (default: hash the bytes)."""
+    digest = digest_of or (lambda arr: digest_bytes(np.ascontiguousarray(arr).data))
+    head = {"kind": event.kind, "event_id": event.event_id, "execution_id": event.execution_id, "seq": event.seq,
+            "schema_version": event.schema_version, "created_at": event.created_at, "fields": event.scalar_fields()}
+    h = hashlib.blake2b(orjson.dumps(head, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY,
+                                     default=str), digest_size=16)
+    for name, arr in event.array_fields().items():
+        h.update(f"/{name}:{arr.dtype.str}:{arr.size}:".encode())
+        if arr.size:
+            h.update(digest(arr))
+    return h.digest()
+
+
+def _differences(conn: Connection, event: Event) -> list[str]:
+    """Names of what differs between ``event`` and the stored event of the same id (best effort)."""
+    row = conn.execute(sa.select(t.events).where(t.events.c.event_id == event.event_id)).mappings().first()
+    if row is None:
+        return []
+    diff = [k for k in _ENVELOPE_KEYS if str(row[k]) != str(getattr(event, k))]
+    body = dict(row["body"] or {})
+    stored_arrays = body.pop("arrays", {}) or {}
+    normalized = isinstance(event, ModelCall) and event.parent is None  # stored with the matched node as parent
+    for name, value in event.scalar_fields().items():
+        if normalized and name == "parent":
+            continue
+        if orjson.dumps(body.get(name), default=str) != orjson.dumps(value, default=str):
+            diff.append(name)
+    for name, arr in event.array_fields().items():
+        if normalized and name == "appended":
+            continue
+        ref = stored_arrays.get(name) or [None, 0]
+        mine = [digest_bytes(np.ascontiguousarray(arr).data).hex() if arr.size else None, int(arr.size)]
+        if list(ref) != mine:
+            diff.append(name)
+    return diff or (["appended"] if normalized else ["content"])
+
+
+def _batch_differences(a: Event, b: Event) -> list[str]:
+    """Names of what differs between two events of one id in the same batch."""
+    diff = [k for k in _ENVELOPE_KEYS if getattr(a, k) != getattr(b, k)]
+    if type(a) is type(b):
+        fa, fb = a.scalar_fields(), b.scalar_fields()
+        diff += [k for k in fa if orjson.dumps(fa[k], default=str) != orjson.dumps(fb.get(k), default=str)]
+        arrays_b = b.array_fields()
+        diff += [k for k, arr in a.array_fields().items() if not np.array_equal(arr, arrays_b[k])]
+    return diff or ["content"]
+
+
+def replay_conflict(conn: Connection, ev: Event, prior: Prior) -> ConflictError:
+    """The conflict of ``ev`` with the stored event ``prior`` of its id (keys, then what differs)."""
+    if (prior[0], prior[1], prior[2]) != (ev.execution_id, ev.seq, ev.kind):
+        return ConflictError(
+            f"event id {ev.event_id} was already stored as {prior[2]} seq {prior[1]} of "
+            f"execution {prior[0]}; this event reuses it with different content"
+        )
+    fields_ = ", ".join(_differences(conn, ev))
+    return ConflictError(
+        f"event id {ev.event_id} ({ev.kind} seq {ev.seq} of execution {ev.execution_id}) was already stored "
+        f"with different content: {fields_} differ; expected a byte-identical replay or a new event id"
+    )
+
+
+def same_batch_conflict(first: Event, ev: Event) -> ConflictError | None:
+    """None when ``ev`` repeats ``first`` (same id, same batch) exactly, else the conflict naming what differs."""
+    if content_digest(first) == content_digest(ev):
+        return None
+    return ConflictError(
+        f"event id {ev.event_id} appears twice in one batch with different content: "
+        f"{', '.join(_batch_differences(first, ev))} differ; expected a byte-identical replay or a new event id")
+
+
+__all__ = ["Prior", "content_digest", "replay_conflict", "same_batch_conflict"]
