@@ -210,7 +210,10 @@ def test_bad_inputs_are_refused() -> None:
 
 def test_loss_denominator_counts_tokens_and_segments() -> None:
     batch = random_tree_batch(6, jmax=4, max_segments=3, vocab_size=VOCAB)
-    assert loss_denominator(batch, "token") == float(batch.trainable.sum())
+    weights = [float(w) for w, t in zip(batch.token_weight(), batch.trainable, strict=True) if t]
+    assert loss_denominator(batch, "token") == pytest.approx(sum(weights), rel=1e-12)  # |M| = Σ path weights
+    assert loss_denominator(batch, "token", "unit") == float(batch.trainable.sum())
+    assert min(weights) < 1.0  # the batch forks, so the two rules differ
     segments = loss_denominator(batch, "segment_mean")
     assert 1 <= segments < float(batch.trainable.sum())
     assert segments == len({int(s) for s, t in zip(batch.segment_start(), batch.trainable, strict=True) if t})

@@ -104,7 +104,7 @@ def run_steps(rank: int, world: int, mode: str, aggregation: str, seed: int) -> 
     if mode == "dp":
         local = shard_by_execution(batch, rank, world)
         index = torch.isin(batch.execution, torch.arange(rank, batch.num_executions, world)).nonzero().squeeze(1)
-        targets = targets.select(index, torch.ones(index.numel(), dtype=torch.float64))
+        targets = targets.select(index, batch.token_weight()[index].double())  # the tokens' path weights
     grads, metrics = backend.gradients(local, lambda out: compute_losses(out, targets, cfg))
 
     trainer = SAOTrainer(backend, cfg)
