@@ -105,13 +105,15 @@ def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(pg_url
     assert Counter(h["reason"].decode() for h in copies) == reasons
 
 
-def _terminate(admin_url: str, app_name: str) -> int:
-    u = make_url(admin_url)
-    with psycopg.connect(host=u.host, port=u.port, user=u.username or "postgres", dbname=u.database or "postgres",
-                         autocommit=True) as conn:
-        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-                            (app_name,)).fetchall()
-    return len(rows)
+def _terminate_busy(admin: psycopg.Connection, app_name: str) -> int:
+    """Terminates the ingest's backends that are inside a statement or a transaction; returns how many.
+
+    An idle pooled connection is not counted: the pool replaces it silently (pre-ping), so killing
+    it tests nothing; a backend killed mid-batch makes that batch fail and be retried.
+    """
+    rows = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                         " WHERE application_name = %s AND state IS DISTINCT FROM 'idle'", (app_name,)).fetchall()
+    return sum(1 for (ok,) in rows if ok)
 
 
 def test_database_connection_killed_during_batches(pg_url: str, postgres_url: str, kafka_bootstrap: str) -> None:
@@ -123,10 +125,9 @@ def test_database_connection_killed_during_batches(pg_url: str, postgres_url: st
     enough = threading.Event()
 
     def produce() -> None:
-        # keeps producing until the faults have hit batches (a kill between batches only hits an
-        # idle pooled connection, which the pool replaces silently), at most 60 executions
+        # keeps producing until three kills have hit batches in flight, at most 300 executions
         with KafkaTransport(kafka_bootstrap, topic=topic, on_delivery=ledger, linger_ms=2) as transport:
-            for seed in range(60):
+            for seed in range(300):
                 if seed >= 12 and enough.is_set():
                     break
                 for ev in small(100 + seed):
@@ -134,19 +135,23 @@ def test_database_connection_killed_during_batches(pg_url: str, postgres_url: st
                 time.sleep(0.15)
 
     killed = 0
-    with running_ingest(config) as service:
+    u = make_url(postgres_url)
+    with running_ingest(config) as service, psycopg.connect(
+            host=u.host, port=u.port, user=u.username or "postgres", dbname=u.database or "postgres",
+            autocommit=True) as admin:
         producer = threading.Thread(target=produce, daemon=True)
         producer.start()
         deadline = time.monotonic() + 90
         while producer.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.25)
-            killed += _terminate(postgres_url, app_name)
+            time.sleep(0.005)
+            if not enough.is_set():
+                killed += _terminate_busy(admin, app_name)
             if killed >= 3 and service.stats.db_errors >= 1:
                 enough.set()
         producer.join(30)
         wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 60, "ingest to recover")
         errors = service.stats.db_errors
-    assert killed >= 3, "the test should have cut the ingest's connection several times"
+    assert killed >= 3, "the test should have cut the ingest's connection in a batch several times"
     assert errors >= 1
     assert not ledger.failed
     check_exactly_once(store, ledger.acked, bootstrap=kafka_bootstrap, topic=topic, group=config.group)
