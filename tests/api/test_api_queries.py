@@ -97,7 +97,8 @@ def test_bad_cursor_and_page_size(client: TestClient, keys: Keys, writers: list[
 def test_get_execution_and_404(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
     w = writers[1]
     ex = get(client, keys, f"/v1/executions/{w.execution_id}")
-    assert ex["status"] == "timeout" and ex["score"] == latest_score(w) and ex["reward"] is None
+    assert ex["status"] == "timeout" and ex["score"] == latest_score(w) and ex["final_reward"] is None
+    assert ex["reward"] == ex["latest_score"] == latest_score(w) and ex["reward_source"] == "partial_score"
     missing = get(client, keys, "/v1/executions/00000000-0000-4000-8000-000000000000", 404)
     assert missing["error"]["code"] == "not_found"
     assert get(client, keys, "/v1/executions/not-a-uuid", 422)["error"]["code"] == "invalid_request"

@@ -54,7 +54,18 @@ class ErrorOut(_Out):
 
 
 # -- executions and runs --------------------------------------------------------------------------------
-class ExecutionOut(_Out):
+class _TrainedReward(_Out):
+    """The reward the learner trains on and the raw values it was resolved from."""
+
+    reward: float | None = Field(description="the reward the learner trains on (one rule, sapwood.platform.tree, "
+                                             "default policy); null: left out of training (error or running)")
+    final_reward: float | None = Field(description="the recorded final reward, as the execution reported it")
+    latest_score: float | None = Field(description="the latest partial score")
+    reward_source: str | None = Field(description="where `reward` came from: leaf / final / partial_score / "
+                                                  "missing / zero: timeout / excluded: error / excluded: running")
+
+
+class ExecutionOut(_TrainedReward):
     execution_id: str
     run_id: str
     task_id: str
@@ -64,7 +75,6 @@ class ExecutionOut(_Out):
     vocab_size: int | None
     metadata: dict[str, Any]
     status: str = Field(description="running / success / timeout / error")
-    reward: float | None
     leaf_rewards: dict[str, float]
     message: str
     started_at: float = Field(description="unix seconds")
@@ -272,13 +282,12 @@ class TreeSummaryOut(_Out):
     n_nodes_total: int
 
 
-class TrajectoryInfo(_Out):
+class TrajectoryInfo(_TrainedReward):
     leaf_node_id: str
     segment: int
     n_segments: int
     n_tokens: int = Field(description="tokens of the logical trajectory: all its segments' contexts")
     n_trainable: int = Field(description="action and summary tokens")
-    reward: float | None = Field(description="leaf reward if recorded, else the execution's reward")
 
 
 class TrajectoryList(_Out):
@@ -316,11 +325,10 @@ class TokenPiece(_Out):
     policy_version: int | None
 
 
-class TrajectoryOut(_Out):
+class TrajectoryOut(_TrainedReward):
     execution_id: str
     leaf_node_id: str
     is_leaf: bool
-    reward: float | None
     n_tokens: int
     offset: int
     limit: int

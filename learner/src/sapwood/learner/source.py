@@ -14,7 +14,7 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
@@ -27,34 +27,9 @@ from sapwood.platform import schema as t
 from sapwood.platform.spans import load_spans
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
+from sapwood.platform.tree import RewardPolicy, resolve_reward
 
-
-@dataclass(frozen=True)
-class RewardPolicy:
-    """How an execution's reward is chosen from what the store recorded."""
-
-    timeout: Literal["partial_score", "zero"] = "partial_score"
-    """Timed-out executions: the latest partial score (default) or 0."""
-    timeout_scale: float = 1.0
-    """Multiplier on a timed-out execution's partial score (e.g. < 1 to prefer finishing)."""
-    error: Literal["skip", "zero"] = "skip"
-    """Executions that ended in error: left out of training (default) or reward 0."""
-    missing: float = 0.0
-    """Reward of a successful execution that recorded none."""
-
-    def reward(self, status: str, reward: float | None, score: float | None) -> float | None:
-        """The execution's reward, or None to leave it out of training."""
-        if status == "error":
-            return None if self.error == "skip" else 0.0
-        if status == "timeout":
-            if reward is not None:
-                return float(reward)
-            if self.timeout == "zero" or score is None:
-                return 0.0
-            return float(score) * self.timeout_scale
-        if reward is not None:
-            return float(reward)
-        return float(score) if score is not None else self.missing
+__all__ = ["BatchSource", "ClaimedBatch", "RewardPolicy", "SourceConfig", "build_batch"]
 
 
 @dataclass
@@ -72,7 +47,7 @@ class SourceConfig:
     seed: int = 0
     """Seed of the Jmax selection."""
     reward: RewardPolicy = field(default_factory=RewardPolicy)
-    """Reward policy."""
+    """Reward policy (``sapwood.platform.tree``; the API shows rewards under its default)."""
     train_summaries: bool = True
     """False freezes the summarizer: summary tokens stay in context but are not trainable."""
 
@@ -262,8 +237,7 @@ def _build(conn: Connection, execution_ids: list[str], config: SourceConfig) -> 
         ex = ex_rows.get(eid)
         if ex is None or eid not in by_exec:
             continue
-        reward = config.reward.reward(ex.status, ex.reward, ex.score)
-        if reward is None:
+        if resolve_reward(ex.status, ex.reward, ex.score, policy=config.reward).reward is None:
             continue
         nodes = {r.node_id: r for r in by_exec[eid]}
         leaves = _select_leaves(sorted(n for n, r in nodes.items() if r.is_leaf), config.jmax, config.seed)
@@ -274,7 +248,9 @@ def _build(conn: Connection, execution_ids: list[str], config: SourceConfig) -> 
                 keep.add(cur)
                 row = nodes[cur]
                 cur = row.parent_id or row.prev_segment_node
-            leaf_reward_of[leaf] = float(ex.leaf_rewards.get(leaf, reward)) if ex.leaf_rewards else reward
+            resolved = resolve_reward(ex.status, ex.reward, ex.score, ex.leaf_rewards, leaf, policy=config.reward)
+            assert resolved.reward is not None  # the execution is not excluded, so neither is its leaf
+            leaf_reward_of[leaf] = resolved.reward
         ordered = sorted((nodes[n] for n in keep), key=lambda r: (r.segment, r.depth, r.node_id))
         chosen.extend(ordered)
         exec_index.extend([len(used)] * len(ordered))

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.api.queries.trees import TRAINABLE, TreeNode, load_nodes
+from sapwood.api.queries.trees import TRAINABLE, TreeNode, load_nodes, reward_fields
 from sapwood.platform import schema as t
 from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.spans import load_spans
@@ -48,9 +48,12 @@ _EXEC_FIELDS = [
 TRAJECTORY_SCHEMA = pa.schema([
     *_EXEC_FIELDS,
     _f("leaf_node_id", pa.string(), "last node of the trajectory"),
-    _f("reward", pa.float64(), "leaf reward if recorded, else the execution's reward, else its latest partial score",
-       nullable=True),
+    _f("reward", pa.float64(), "the reward the learner trains on (default reward policy); null: left out of "
+       "training (an error or running execution)", nullable=True),
     _f("score", pa.float64(), "latest partial score of the execution", nullable=True),
+    _f("final_reward", pa.float64(), "the execution's recorded final reward", nullable=True),
+    _f("reward_source", pa.string(), "where `reward` came from: leaf / final / partial_score / missing / "
+       "zero: timeout / excluded: error / excluded: running"),
     _f("n_segments", pa.int32(), "compaction segments the trajectory spans"),
     _f("n_tokens", pa.int64(), "length of token_ids"),
     _f("n_trainable", pa.int64(), "action and summary tokens (roles 2 and 3)"),
@@ -212,10 +215,14 @@ def _exec_scalars(ex: dict[str, Any]) -> dict[str, Any]:
             "task_family": ex["task_family"], "status": ex["status"]}
 
 
+def _trained_reward(ex: dict[str, Any], leaf_id: str) -> dict[str, Any]:
+    got = reward_fields({**ex, "leaf_rewards": ex.get("leaf_rewards") or {}}, leaf_id)
+    return {"reward": got["reward"], "score": got["latest_score"], "final_reward": got["final_reward"],
+            "reward_source": got["reward_source"]}
+
+
 def _trajectory_rows(data: _ExecutionData, out: _Columns) -> None:
     ex = data.ex
-    fallback = ex["reward"] if ex["reward"] is not None else ex["score"]
-    leaf_rewards = ex.get("leaf_rewards") or {}
     for leaf in (n for n in data.nodes if n.is_leaf):
         path = data.path(leaf)
         tokens = [data.tokens[n.node_id] for n in path]
@@ -237,8 +244,8 @@ def _trajectory_rows(data: _ExecutionData, out: _Columns) -> None:
             pos += size
         v_mask = ~np.isin(roles, TRAINABLE) | np.repeat(np.array([n.policy_version is None for n in path]), lengths)
         out.add(
-            {**_exec_scalars(ex), "leaf_node_id": leaf.node_id, "reward": leaf_rewards.get(leaf.node_id, fallback),
-             "score": ex["score"], "n_segments": len(starts), "n_tokens": int(ids.size),
+            {**_exec_scalars(ex), "leaf_node_id": leaf.node_id,
+             **_trained_reward(ex, leaf.node_id), "n_segments": len(starts), "n_tokens": int(ids.size),
              "n_trainable": int(np.isin(roles, TRAINABLE).sum()), "max_policy_version": ex["max_policy_version"],
              "started_at": ex["started_at"], "finished_at": ex["finished_at"]},
             {"token_ids": (ids, None), "roles": (roles, None), "logprobs": (lps, lp_mask),

@@ -20,6 +20,7 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.spans import load_spans, path_cte
 from sapwood.platform.tokens import unpack_logprobs, unpack_tokens
+from sapwood.platform.tree import resolve_reward
 
 ROLE = t.ROLE_NAMES
 TRAINABLE = (t.ROLE_ACTION, t.ROLE_SUMMARY)
@@ -80,11 +81,23 @@ def execution_version(conn: Connection, execution_id: str) -> int:
     return int(seq)
 
 
+def reward_fields(ex: Any, leaf_id: str | None = None) -> dict[str, Any]:
+    """The reward the learner trains on (``sapwood.platform.tree``, default policy) and the raw values beside it.
+
+    ``ex`` is an execution row (mapping) with ``status``, ``reward``, ``score`` and ``leaf_rewards``;
+    with ``leaf_id`` the result is that trajectory's reward.
+    """
+    got = resolve_reward(ex["status"], ex["reward"], ex["score"], ex["leaf_rewards"], leaf_id)
+    return {"reward": got.reward, "final_reward": ex["reward"], "latest_score": ex["score"],
+            "reward_source": got.source}
+
+
 def execution_out(row: Any) -> dict[str, Any]:
     out = dict(row)
     out["sampling_params"] = out.get("sampling_params") or {}
     out["metadata"] = out.get("metadata") or {}
     out["leaf_rewards"] = out.get("leaf_rewards") or {}
+    out.update(reward_fields(out))
     return out
 
 
@@ -253,12 +266,9 @@ def trajectories(conn: Connection, ex: dict[str, Any]) -> list[dict[str, Any]]:
         total[n.node_id] = total.get(up, 0) + n.length if up else n.length
         trainable[n.node_id] = (trainable.get(up, 0) if up else 0) + (n.length if n.role in TRAINABLE else 0)
         n_segments[n.node_id] = (n_segments.get(up, 1) if up else 1) + (1 if n.parent_id is None and up else 0)
-    fallback = ex["reward"] if ex["reward"] is not None else ex["score"]
-    leaf_rewards = ex.get("leaf_rewards") or {}
     return [
         {"leaf_node_id": n.node_id, "segment": n.segment, "n_segments": n_segments[n.node_id],
-         "n_tokens": total[n.node_id], "n_trainable": trainable[n.node_id],
-         "reward": leaf_rewards.get(n.node_id, fallback)}
+         "n_tokens": total[n.node_id], "n_trainable": trainable[n.node_id], **reward_fields(ex, n.node_id)}
         for n in nodes if n.is_leaf
     ]
 
@@ -327,7 +337,7 @@ def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
     path = logical_path(conn, node_id, paths)
     leaf = path[-1]
     e = t.executions.c
-    ex = conn.execute(sa.select(e.reward, e.score, e.leaf_rewards, _n.is_leaf)
+    ex = conn.execute(sa.select(e.status, e.reward, e.score, e.leaf_rewards, _n.is_leaf)
                       .select_from(t.nodes.join(t.executions, e.execution_id == _n.execution_id))
                       .where(_n.node_id == node_id)).first()
     n_tokens = path[-1].offset + path[-1].length
@@ -352,12 +362,12 @@ def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
             segments.append({"segment": p.segment, "root_node": p.node_id, "from_node": p.prev_segment_node,
                              "offset": p.offset, "n_tokens": 0})
         segments[-1]["n_tokens"] += p.length
-    fallback = None
+    rewards: dict[str, Any] = {"reward": None, "final_reward": None, "latest_score": None, "reward_source": None}
     if ex is not None:
-        fallback = (ex.leaf_rewards or {}).get(leaf.node_id, ex.reward if ex.reward is not None else ex.score)
+        rewards = reward_fields(ex._mapping, leaf.node_id)
     return {
         "execution_id": leaf.execution_id, "leaf_node_id": leaf.node_id, "is_leaf": bool(ex.is_leaf) if ex else True,
-        "reward": fallback,
+        **rewards,
         "n_tokens": n_tokens, "offset": offset, "limit": limit, "next_offset": end if end < n_tokens else None,
         "segments": segments,
         "nodes": [{"node_id": p.node_id, "role": ROLE[p.role], "segment": p.segment, "offset": p.offset,
