@@ -39,6 +39,7 @@ from sapwood.learner._tree import ancestor_mask, child_count, root_of
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.flat import FlatBatch, flatten
 from sapwood.learner.weights import path_probability, per_execution_sum
+from sapwood.platform.tree import ROLE_NAMES, Role
 
 __all__ = [
     "ACTION",
@@ -54,15 +55,8 @@ __all__ = [
     "tree_attention_mask",
 ]
 
-PROMPT = 0
-"""Role of input tokens that are not model outputs: system/task prompt, the summary copied into a new segment."""
-OBSERVATION = 1
-"""Role of environment/tool observation tokens (never trainable)."""
-ACTION = 2
-"""Role of model-generated action tokens."""
-SUMMARY = 3
-"""Role of model-generated compaction summary tokens (trainable, same reward as actions)."""
-ROLE_NAMES: dict[int, str] = {PROMPT: "prompt", OBSERVATION: "observation", ACTION: "action", SUMMARY: "summary"}
+# The per-token role codes are the tree's roles (one definition, in sapwood.platform.tree.roles).
+PROMPT, OBSERVATION, ACTION, SUMMARY = Role.PROMPT, Role.OBSERVATION, Role.ACTION, Role.SUMMARY
 
 
 def tree_attention_mask(parent: Tensor) -> Tensor:

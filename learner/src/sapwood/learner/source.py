@@ -27,7 +27,7 @@ from sapwood.platform import schema as t
 from sapwood.platform.spans import load_spans
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
-from sapwood.platform.tree import RewardPolicy, resolve_reward
+from sapwood.platform.tree import RewardPolicy, Role, logical_parent, resolve_reward
 
 __all__ = ["BatchSource", "ClaimedBatch", "RewardPolicy", "SourceConfig", "build_batch"]
 
@@ -247,7 +247,7 @@ def _build(conn: Connection, execution_ids: list[str], config: SourceConfig) -> 
             while cur is not None and cur not in keep:
                 keep.add(cur)
                 row = nodes[cur]
-                cur = row.parent_id or row.prev_segment_node
+                cur = logical_parent(row.parent_id, row.prev_segment_node)
             resolved = resolve_reward(ex.status, ex.reward, ex.score, ex.leaf_rewards, leaf, policy=config.reward)
             assert resolved.reward is not None  # the execution is not excluded, so neither is its leaf
             leaf_reward_of[leaf] = resolved.reward
@@ -285,7 +285,7 @@ def _build(conn: Connection, execution_ids: list[str], config: SourceConfig) -> 
 
     role_node = np.fromiter((r.role for r in chosen), dtype=np.int64, count=n)
     role = role_node[node_of_token]
-    trainable_node = (role_node == t.ROLE_ACTION) | ((role_node == t.ROLE_SUMMARY) & config.train_summaries)
+    trainable_node = (role_node == Role.ACTION) | ((role_node == Role.SUMMARY) & config.train_summaries)
     trainable = trainable_node[node_of_token]
 
     seg_parent_node = np.array(

@@ -57,6 +57,7 @@ from sapwood.platform.replays import Prior, content_digest, replay_conflict, sam
 from sapwood.platform.span_stream import SpanStream
 from sapwood.platform.spans import existing_digests, insert_span_rows, new_span_rows, path_tokens, uuid_in
 from sapwood.platform.tokens import digest_bytes, id_limit, input_hasher, pack
+from sapwood.platform.tree import ROLE_NAMES, Role, logical_parent, match_prefix
 from sapwood.platform.uuids import uuid_array_literal
 
 Hasher = Any  # hashlib.blake2b object
@@ -411,7 +412,7 @@ class _Plan:
         self.nodes[node_id] = node
         self.children_new.setdefault(parent_id, []).append(node_id)
         self.states[node_id] = state
-        before = parent_id or prev_segment_node
+        before = logical_parent(parent_id, prev_segment_node)
         if before:
             self.update_node(before, _NOT_A_LEAF)
         st["n_nodes"] += 1
@@ -430,28 +431,20 @@ class _Plan:
     def match_whole_nodes(self, execution_id: str, tokens: np.ndarray) -> tuple[str | None, int]:
         """Longest chain of existing whole nodes that prefixes ``tokens``: (last node, tokens matched).
 
-        Every context root of the execution is a candidate (segment 0's prompts and each compaction's
-        new root), so a full-token call after a compaction lands in the segment the recorder's delta
-        would name; on equal lengths the most recent root wins (the recorder's choice too). Below the
-        root each level takes the most recent child whose tokens come next.
+        The rule is :func:`sapwood.platform.tree.match_prefix`; here children come from the store
+        and this batch's new nodes, compared by span digest.
         """
-        best: tuple[str | None, int] = (None, 0)
-        for root, digest, length in self._children(execution_id, None):
-            if length <= tokens.size and digest == digest_bytes(pack(tokens[:length])):
-                found = self._descend(execution_id, root, length, tokens)
-                if found[1] > best[1]:
-                    best = found
-        return best
+        digests: dict[str, bytes] = {}
 
-    def _descend(self, execution_id: str, node: str, offset: int, tokens: np.ndarray) -> tuple[str, int]:
-        while offset < tokens.size:
-            for nid, digest, length in self._children(execution_id, node):
-                if offset + length <= tokens.size and digest == digest_bytes(pack(tokens[offset : offset + length])):
-                    node, offset = nid, offset + length
-                    break
-            else:
-                break
-        return node, offset
+        def children(parent: str | None) -> list[tuple[str, int]]:
+            kids = self._children(execution_id, parent)
+            digests.update((nid, digest) for nid, digest, _ in kids)
+            return [(nid, length) for nid, _, length in kids]
+
+        def matches(node_id: str, offset: int, length: int) -> bool:
+            return digests[node_id] == digest_bytes(pack(tokens[offset : offset + length]))
+
+        return match_prefix(children, matches, int(tokens.size))
 
     def _children(self, execution_id: str, parent: str | None) -> list[tuple[str, bytes, int]]:
         """(node id, span digest, length) of ``parent``'s children (None: the context roots), most recent first."""
@@ -511,7 +504,7 @@ def _h_prompt(plan: _Plan, e: Prompt, st: dict[str, Any], refs: dict[str, list[A
     plan.check_new_node(e.node_id, e)
     tokens = np.ascontiguousarray(e.token_ids)
     state = plan.child_state(parent.node_id, tokens.data) if parent is not None else _root_state(tokens)
-    plan.add_node(e, st, refs, node_id=e.node_id, parent=parent, role=t.ROLE_PROMPT, name="token_ids",
+    plan.add_node(e, st, refs, node_id=e.node_id, parent=parent, role=Role.PROMPT, name="token_ids",
                   tokens=tokens, state=state)
     return None
 
@@ -521,7 +514,7 @@ def _h_observation(plan: _Plan, e: Observation, st: dict[str, Any], refs: dict[s
     parent = plan.node(e.parent, e.execution_id, "observation parent")
     plan.check_new_node(e.node_id, e)
     tokens = np.ascontiguousarray(e.token_ids)
-    plan.add_node(e, st, refs, node_id=e.node_id, parent=parent, role=t.ROLE_OBSERVATION, name="token_ids",
+    plan.add_node(e, st, refs, node_id=e.node_id, parent=parent, role=Role.OBSERVATION, name="token_ids",
                   tokens=tokens, state=plan.child_state(parent.node_id, tokens.data))
     return None
 
@@ -557,7 +550,7 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[
     plan.check_new_node(output_id, e)
     # -- effects
     if appended.size:
-        input_parent = plan.add_node(e, st, refs, node_id=event_input_id or "", parent=parent, role=t.ROLE_PROMPT,
+        input_parent = plan.add_node(e, st, refs, node_id=event_input_id or "", parent=parent, role=Role.PROMPT,
                                      name="appended", tokens=appended, state=state)
     else:
         refs["appended"] = [None, 0]
@@ -567,7 +560,7 @@ def _h_call(plan: _Plan, e: ModelCall, st: dict[str, Any], refs: dict[str, list[
     out_state = state.copy()
     out_state.update(output.data)
     plan.add_node(e, st, refs, node_id=output_id, parent=input_parent,
-                  role=t.ROLE_SUMMARY if e.call_kind == "summary" else t.ROLE_ACTION, name="output_ids",
+                  role=Role.SUMMARY if e.call_kind == "summary" else Role.ACTION, name="output_ids",
                   tokens=output, state=out_state, call_id=e.event_id, policy_version=e.policy_version)
     lp_digest = plan.add_span(refs, "output_logprobs", e.output_logprobs)
     plan.rows["calls"].append({
@@ -608,16 +601,16 @@ def _h_fork(plan: _Plan, e: Fork, st: dict[str, Any], refs: dict[str, list[Any]]
 def _h_segment(plan: _Plan, e: SegmentBoundary, st: dict[str, Any], refs: dict[str, list[Any]]) -> _Overrides:
     assert e.execution_id is not None
     src = plan.node(e.from_node, e.execution_id, "segment_boundary.from_node")
-    if src.role != t.ROLE_SUMMARY:
+    if src.role != Role.SUMMARY:
         raise ValidationError(
-            f"segment_boundary.from_node {e.from_node} is a {t.ROLE_NAMES[src.role]} node; expected the "
+            f"segment_boundary.from_node {e.from_node} is a {ROLE_NAMES[src.role]} node; expected the "
             "output node of a summary call",
             event_id=e.event_id,
         )
     plan.check_new_node(e.root_node_id, e)
     segment = src.segment + 1
     tokens = np.ascontiguousarray(e.token_ids)
-    plan.add_node(e, st, refs, node_id=e.root_node_id, parent=None, role=t.ROLE_PROMPT, name="token_ids",
+    plan.add_node(e, st, refs, node_id=e.root_node_id, parent=None, role=Role.PROMPT, name="token_ids",
                   tokens=tokens, state=_root_state(tokens), segment=segment, prev_segment_node=e.from_node)
     plan.rows["segments"].append({"root_node": e.root_node_id, "execution_id": e.execution_id,
                                   "segment": segment, "from_node": e.from_node, "seq": e.seq})

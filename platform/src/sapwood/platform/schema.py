@@ -43,12 +43,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 #: UUIDs: native ``uuid`` on PostgreSQL (16 B), 32-char hex on SQLite; Python sees strings.
 Id = Uuid(as_uuid=False)
 
-# Node roles (also the learner's role codes).
-ROLE_PROMPT = 0
-ROLE_OBSERVATION = 1
-ROLE_ACTION = 2
-ROLE_SUMMARY = 3
-ROLE_NAMES = {ROLE_PROMPT: "prompt", ROLE_OBSERVATION: "observation", ROLE_ACTION: "action", ROLE_SUMMARY: "summary"}
+# ``nodes.role`` holds a :class:`sapwood.platform.tree.Role` code.
 
 events = Table(
     "events",

@@ -26,6 +26,7 @@ from sapwood.platform.events import (
     new_event_id,
 )
 from sapwood.platform.tokens import TokenArray, as_logprobs, as_tokens, input_hasher, pack
+from sapwood.platform.tree import match_prefix
 
 
 @dataclass
@@ -119,22 +120,17 @@ class ExecutionWriter:
     def longest_prefix_node(self, tokens: TokenArray) -> tuple[str | None, int]:
         """Deepest node whose whole context is a prefix of ``tokens``: (node id or None, its length).
 
-        Walks down from the context roots, at each level taking the most recent child whose
-        tokens come next in ``tokens``; O(matched tokens).
+        The rule is :func:`sapwood.platform.tree.match_prefix` (the one apply uses for full-token
+        calls); O(matched tokens).
         """
-        parent: str | None = None
-        offset = 0
-        while True:
-            found = None
-            for nid in reversed(self.children.get(parent, ())):
-                node_tokens = self.nodes[nid].tokens
-                end = offset + int(node_tokens.size)
-                if end <= tokens.size and np.array_equal(tokens[offset:end], node_tokens):
-                    found = nid, end
-                    break
-            if found is None:
-                return parent, offset
-            parent, offset = found
+
+        def children(parent: str | None) -> list[tuple[str, int]]:
+            return [(nid, int(self.nodes[nid].tokens.size)) for nid in reversed(self.children.get(parent, ()))]
+
+        def matches(node_id: str, offset: int, length: int) -> bool:
+            return bool(np.array_equal(tokens[offset : offset + length], self.nodes[node_id].tokens))
+
+        return match_prefix(children, matches, int(tokens.size))
 
     # -- events ---------------------------------------------------------------------------------------
     def start(self) -> ExecutionStarted:

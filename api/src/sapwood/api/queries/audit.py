@@ -18,6 +18,7 @@ from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.span_encoding import decode_span
 from sapwood.platform.spans import path_cte
 from sapwood.platform.tokens import TOKEN_DTYPE, digest_bytes, unpack_logprobs, unpack_tokens
+from sapwood.platform.tree import ROLE_NAMES
 
 _n = t.nodes.c
 _c = t.calls.c
@@ -83,7 +84,7 @@ def context_path(conn: Connection, node_id: str) -> list[tuple[dict[str, Any], b
     """(node facts, packed tokens) from the context's root to ``node_id`` (one recursive query)."""
     out = []
     for r in conn.execute(_CONTEXT_PATH[conn.dialect.name], {"node_id": node_id}):
-        facts = {"node_id": r[0], "role": t.ROLE_NAMES[int(r[1])], "depth": int(r[2]), "length": int(r[3]),
+        facts = {"node_id": r[0], "role": ROLE_NAMES[int(r[1])], "depth": int(r[2]), "length": int(r[3]),
                  "call_id": r[4], "policy_version": r[5]}
         out.append((facts, decode_span(r[6], r[7])))
     if not out:

@@ -29,6 +29,7 @@ from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.spans import load_spans
 from sapwood.platform.store import Store, translate_errors
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
+from sapwood.platform.tree import ROLE_NAMES
 
 ExportRows = Literal["trajectory", "node"]
 
@@ -260,7 +261,7 @@ def _node_rows(data: _ExecutionData, out: _Columns) -> None:
         out.add(
             {**_exec_scalars(data.ex), "node_id": n.node_id, "parent_id": n.parent_id,
              "prev_segment_node": n.prev_segment_node, "segment": n.segment, "role": n.role,
-             "role_name": t.ROLE_NAMES[n.role], "depth": n.depth, "level": n.level, "length": n.length,
+             "role_name": ROLE_NAMES[n.role], "depth": n.depth, "level": n.level, "length": n.length,
              "is_leaf": n.is_leaf, "fork_branches": n.fork_branches, "call_id": n.call_id,
              "policy_version": n.policy_version},
             {"token_ids": (data.tokens[n.node_id], None), "logprobs": None if lp is None else (lp, None)},

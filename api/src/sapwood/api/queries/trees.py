@@ -20,10 +20,10 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.spans import load_spans, path_cte
 from sapwood.platform.tokens import unpack_logprobs, unpack_tokens
-from sapwood.platform.tree import resolve_reward
+from sapwood.platform.tree import ROLE_NAMES, TRAINABLE_ROLES, logical_parent, logical_parent_sql, resolve_reward
 
-ROLE = t.ROLE_NAMES
-TRAINABLE = (t.ROLE_ACTION, t.ROLE_SUMMARY)
+ROLE = ROLE_NAMES
+TRAINABLE = tuple(TRAINABLE_ROLES)
 
 _n = t.nodes.c
 NODE_COLUMNS = (_n.node_id, _n.parent_id, _n.prev_segment_node, _n.role, _n.length, _n.depth, _n.segment,
@@ -61,7 +61,7 @@ class TreeNode:
     @property
     def up(self) -> str | None:
         """Previous node of the logical trajectory (parent, or the summary a segment root continues)."""
-        return self.parent_id if self.parent_id is not None else self.prev_segment_node
+        return logical_parent(self.parent_id, self.prev_segment_node)
 
 
 # -- executions ----------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def _prefix(conn: Connection, eid: str, max_nodes: int, max_level: int | None) -
     finally:
         result.close()
     # child counts over the whole tree, not only the kept prefix
-    up = sa.func.coalesce(_n.parent_id, _n.prev_segment_node)
+    up = logical_parent_sql(_n.parent_id, _n.prev_segment_node)
     by_id = {n.node_id: n for n in kept}
     for node_id, count in conn.execute(
         sa.select(up, sa.func.count()).where(_n.execution_id == eid, up.is_not(None)).group_by(up)
@@ -296,7 +296,7 @@ PathCache = LRU[str, list[PathRow]]
 
 def _across_segments(path: sa.CTE) -> sa.ColumnElement[Any]:
     """The node before each path node across compactions: its parent, or for a segment root the summary."""
-    return sa.func.coalesce(path.c.parent_id, path.c.prev_segment_node)
+    return logical_parent_sql(path.c.parent_id, path.c.prev_segment_node)
 
 
 def logical_path(conn: Connection, node_id: str, cache: PathCache | None = None) -> list[PathRow]:
@@ -383,7 +383,7 @@ def node_detail(conn: Connection, node_id: str, *, offset: int, limit: int) -> t
     if row is None:
         raise UnknownParentError(f"node {node_id} does not exist")
     node = _node(row)
-    up = sa.func.coalesce(_n.parent_id, _n.prev_segment_node)
+    up = logical_parent_sql(_n.parent_id, _n.prev_segment_node)
     node.n_children = int(conn.execute(sa.select(sa.func.count()).where(up == node_id)).scalar_one())
     node.level = _level(conn, node_id)
     end = min(offset + limit, node.length)

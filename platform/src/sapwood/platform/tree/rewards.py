@@ -1,4 +1,4 @@
-"""The trajectory tree's shared rules — for now, the one reward rule learner and API both use.
+"""Reward resolution: the one rule the learner trains on and the API shows.
 
 An execution records a final reward (``executions.reward``), partial-score revisions (the latest is
 ``executions.score``) and optional per-leaf rewards (``executions.leaf_rewards``). Which of them a

@@ -1,0 +1,1 @@
+"""PostgreSQL implementations of the storage interfaces (production)."""

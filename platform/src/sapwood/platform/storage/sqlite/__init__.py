@@ -1,0 +1,1 @@
+"""SQLite implementations of the storage interfaces (the embedded default)."""
