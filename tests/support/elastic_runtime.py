@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sapwood.demo.tasks import KeyRecallConfig, KeyRecallEnv, KeyTask
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
-from sapwood.rollout.tasks import KeyRecallConfig, KeyRecallEnv, KeyTask
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime
 from sapwood.scheduler.runtime.execution import ExecutionOutcome, run_executions
 

@@ -118,7 +118,7 @@ def _print_stats(s: dict[str, object]) -> None:
 
 
 # Component commands (ingest, learn, serve, demo, ...) register themselves when installed.
-for _component in ("ingest", "rollout", "learner", "scheduler", "api"):
+for _component in ("ingest", "learner", "scheduler", "api", "demo"):
     try:
         _mod = importlib.import_module(f"sapwood.{_component}.cli")
     except ModuleNotFoundError as _exc:

@@ -27,6 +27,10 @@ import numpy as np
 import ray
 import torch
 
+from sapwood.demo.config import DemoConfig
+from sapwood.demo.phases import eval_tasks, evaluate, pretrained_policy
+from sapwood.demo.pretrain import PretrainConfig
+from sapwood.demo.tasks import KeyRecallEnv
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TorchBackend
 from sapwood.learner.source import SourceConfig
@@ -34,11 +38,8 @@ from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished
 from sapwood.platform.store import Store
-from sapwood.rollout.demo import DemoConfig, eval_tasks, evaluate, pretrained_policy
-from sapwood.rollout.engines import LocalTorchEngine
-from sapwood.rollout.pretrain import PretrainConfig
 from sapwood.rollout.recorder import Recorder
-from sapwood.rollout.tasks import KeyRecallEnv
+from sapwood.rollout.torch_engine import LocalTorchEngine
 from sapwood.rollout.transports import InProcessTransport
 from sapwood.scheduler.policy import load_policy
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
