@@ -7,7 +7,7 @@ that the ``demo`` extra (and for ``--elastic`` the ``ray`` extra) is installed.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import math
 from pathlib import Path
@@ -69,11 +69,16 @@ ELASTIC_PACKAGES = {**DEMO_PACKAGES, "ray": "ray"}
 
 def require_extras(command: str, packages: dict[str, str]) -> None:
     """Exit with a clear message naming the extras to install when any of ``packages`` is missing."""
-    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    missing = []
+    for name in packages:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
     if missing:
         extras = ",".join(dict.fromkeys(packages[name] for name in missing))
         console.print(f"[red]error:[/] `{command}` needs {', '.join(missing)}, which this installation lacks: "
-                      f"install sapwood[{extras}] (pip install 'sapwood[{extras}]')")
+                      f"install sapwood\\[{extras}] (pip install 'sapwood\\[{extras}]')")
         raise typer.Exit(1)
 
 
