@@ -168,7 +168,7 @@ class SGLangEngine(Engine):
     when the server reports an integer one, else the version this engine last pushed with
     :meth:`update_weights_from_disk` (or ``policy_version`` given at construction).
 
-    ``latest`` works as for :class:`LocalTorchEngine`: when a newer version is published,
+    ``latest`` works as for :class:`~sapwood.rollout.torch_engine.LocalTorchEngine`: when a newer version is published,
     :meth:`refresh` asks the server to load its checkpoint (``/update_weights_from_disk``;
     the checkpoint must then be in a format the server can load).
     """
