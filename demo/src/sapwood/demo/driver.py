@@ -54,6 +54,8 @@ __all__ = ["run_demo"]
 
 
 class _Demo:
+    """One demo run: its runs' ids, output directory, counters and series (read by :func:`summarize`)."""
+
     def __init__(self, cfg: DemoConfig, hook: ProgressHook | None) -> None:
         cfg.validate()
         self.cfg = cfg
