@@ -189,7 +189,7 @@ def demo(
 
     if elastic:
         require_extras("sapwood demo --elastic", ELASTIC_PACKAGES)
-        from sapwood.scheduler.runtime.demo_cli import elastic_demo
+        from sapwood.demo.elastic.cli import elastic_demo
 
         elastic_demo(seed=seed, cells=cells, executions=elastic_executions, out_dir=out_dir, quiet=quiet,
                      ray_address=ray_address, console=console)

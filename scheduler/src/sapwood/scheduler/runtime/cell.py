@@ -5,7 +5,7 @@ In the rollout role the cell serves engine calls with the local torch engine
 most ``capacity`` at a time, token by token so that a call can be aborted between two tokens. A
 draining cell refuses new calls; an aborted call answers ``aborted`` and its partial output is
 discarded (see :meth:`Cell.abort_inflight` for why). The cell holds no execution state: agent loops
-and environments live in their own actors (:mod:`~sapwood.scheduler.runtime.execution`).
+and environments live in their own actors (:mod:`~sapwood.demo.elastic.executions`).
 
 ``decode_delay_s`` adds a sleep after each generated token (× the call's ``decode_scale``), standing in
 for a larger model's per-token latency on a CPU where the tiny model decodes in microseconds (0 in

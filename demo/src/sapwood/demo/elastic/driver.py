@@ -28,6 +28,7 @@ import ray
 import torch
 
 from sapwood.demo.config import DemoConfig
+from sapwood.demo.elastic.executions import ExecutionOutcome, ExecutionPool
 from sapwood.demo.phases import eval_tasks, evaluate, pretrained_policy
 from sapwood.demo.pretrain import PretrainConfig
 from sapwood.demo.tasks import KeyRecallEnv
@@ -43,7 +44,6 @@ from sapwood.rollout.torch_engine import LocalTorchEngine
 from sapwood.rollout.transports import InProcessTransport
 from sapwood.scheduler.policy import load_policy
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
-from sapwood.scheduler.runtime.execution import ExecutionOutcome, ExecutionPool
 from sapwood.scheduler.signals import CellState, Signals
 
 __all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule"]
@@ -291,7 +291,7 @@ def _eval(cfg: ElasticDemoConfig, state: dict[str, torch.Tensor], version: int, 
 def run_elastic_demo(cfg: ElasticDemoConfig, *, on_tick: Callable[[str, int, int], None] | None = None,
                      ray_address: str | None = None) -> dict[str, Any]:
     """Every schedule on the same seeds; returns the JSON summary (and writes plots into ``out_dir``)."""
-    from sapwood.scheduler.runtime.demo_plots import plot_elastic
+    from sapwood.demo.elastic.plots import plot_elastic
 
     t_start = time.perf_counter()
     out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(tempfile.mkdtemp(prefix="sapwood-elastic-"))
