@@ -108,13 +108,17 @@ def test_cli_starts_and_names_the_demo_extra_without_it(tmp_path: Path) -> None:
 
         runs = {name: CliRunner().invoke(app, args) for name, args in [
             ("help", ["--help"]), ("demo", ["demo", "--quiet"]), ("elastic", ["demo", "--elastic", "--quiet"]),
-            ("learn", ["learn", "--run", "r"]), ("stats", ["stats", "--database-url", "sqlite:///" + sys.argv[1]])]}
+            ("learn", ["learn", "--run", "r"]), ("stats", ["stats", "--database-url", "sqlite:///" + sys.argv[1]]),
+            ("ingest", ["ingest", "--help"]), ("serve", ["serve", "--help"])]}
         print(json.dumps({name: [r.exit_code, " ".join(r.output.split())] for name, r in runs.items()}))
     ''', str(db))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["help"][0] == 0 and "demo" in out["help"][1] and "ingest" in out["help"][1]
     assert out["stats"][0] == 0, out["stats"]  # base commands work
+    assert out["ingest"][0] == 0 and "--bootstrap" in out["ingest"][1]  # the compose ingest service's install
+    # The API imports pyarrow (Parquet export) with its routes: pyarrow is the api extra's.
+    assert out["serve"][0] == 1 and "pyarrow" in out["serve"][1] and "sapwood[api]" in out["serve"][1]
     assert out["demo"][0] == 1 and "torch" in out["demo"][1]
     assert "install sapwood[demo] (pip install 'sapwood[demo]')" in out["demo"][1]
     assert out["elastic"][0] == 1 and "sapwood[demo" in out["elastic"][1]
