@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import sqlalchemy as sa
@@ -69,13 +69,19 @@ def test_claim_renew_complete_release(store: Store) -> None:
         assert q.progress(conn, "r") == {"pending": 0, "claimed": 0, "done": 5}
 
 
-def test_a_lease_holds_at_its_end_and_is_reclaimable_just_after(store: Store) -> None:
+@pytest.fixture
+def one_claimed(store: Store) -> str:
+    """A run ``r`` of one execution, claimed by learner ``a`` at T0 until T0 + LEASE; its id."""
     _record(store, 1)
     _create(store)
-    q = _queue(store)
     with store.transaction() as conn:
-        (eid,) = q.claim(conn, "r", "a", 1, lease_s=LEASE, now=T0)
-        end = T0 + LEASE
+        (eid,) = _queue(store).claim(conn, "r", "a", 1, lease_s=LEASE, now=T0)
+    return eid
+
+
+def test_a_lease_holds_at_its_end_and_is_reclaimable_just_after(store: Store, one_claimed: str) -> None:
+    q, eid, end = _queue(store), one_claimed, T0 + LEASE
+    with store.transaction() as conn:
         assert q.claim(conn, "r", "b", 1, lease_s=LEASE, now=end) == [], "at lease_until the lease still holds"
         assert q.claim(conn, "r", "b", 1, lease_s=LEASE, now=math.nextafter(end, math.inf)) == [eid]
         assert q.renew(conn, "r", "a", [eid], lease_s=LEASE, now=end) == 0, "a was taken over"
@@ -85,12 +91,9 @@ def test_a_lease_holds_at_its_end_and_is_reclaimable_just_after(store: Store) ->
         assert attempts == 2
 
 
-def test_an_expired_lease_still_renews_while_nobody_took_it(store: Store) -> None:
-    _record(store, 1)
-    _create(store)
-    q = _queue(store)
+def test_an_expired_lease_still_renews_while_nobody_took_it(store: Store, one_claimed: str) -> None:
+    q, eid = _queue(store), one_claimed
     with store.transaction() as conn:
-        (eid,) = q.claim(conn, "r", "a", 1, lease_s=LEASE, now=T0)
         assert q.renew(conn, "r", "a", [eid], lease_s=LEASE, now=T0 + 3 * LEASE) == 1
         assert q.claim(conn, "r", "b", 1, lease_s=LEASE, now=T0 + 3 * LEASE) == [], "renewed from its renewal time"
         assert q.complete(conn, "r", "a", [eid], now=T0 + 3 * LEASE) == []
@@ -154,28 +157,20 @@ def test_runs_are_created_once_and_read_back(store: Store) -> None:
 def test_concurrent_claimers_take_every_item_once(store: Store) -> None:
     ids = _record(store, 12)
     _create(store)
-    taken: dict[str, list[str]] = {}
-    errors: list[BaseException] = []
 
-    def learner(name: str) -> None:
-        try:
-            while True:
-                with store.transaction() as conn:
-                    got = run_queue(conn).claim(conn, "r", name, 2, lease_s=600.0)
-                if not got:
-                    return
-                taken.setdefault(name, []).extend(got)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+    def drain(name: str) -> list[str]:
+        """Claim two at a time, one transaction per claim, until the run is empty."""
+        mine: list[str] = []
+        while True:
+            with store.transaction() as conn:
+                got = run_queue(conn).claim(conn, "r", name, 2, lease_s=600.0)
+            if not got:
+                return mine
+            mine += got
 
-    threads = [threading.Thread(target=learner, args=(f"L{i}",)) for i in range(3)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=60)
-    assert not errors, errors
-    everything = [e for got in taken.values() for e in got]
-    assert sorted(everything) == sorted(ids), "each item claimed exactly once"
+    with ThreadPoolExecutor(3) as pool:
+        taken = list(pool.map(drain, ["L0", "L1", "L2"], timeout=60))
+    assert sorted(e for mine in taken for e in mine) == sorted(ids), "each item claimed exactly once"
 
 
 @pytest.mark.postgres

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from sapwood.platform import schema as t
+from sapwood.platform.storage.dialects import for_dialect
 
 _k = t.api_keys.c
 
@@ -42,7 +43,7 @@ class ApiKeyStore(Protocol):
         ...
 
 
-class SqlApiKeyStore:
+class SqlApiKeyStore(ApiKeyStore):
     """:class:`ApiKeyStore` in portable SQL; a subclass supplies :meth:`lock` (the backend's row lock)."""
 
     def lock(self, q: sa.Select[Any]) -> sa.Select[Any]:
@@ -68,13 +69,7 @@ class SqlApiKeyStore:
 
 def api_key_store(dialect: str | Engine | Connection) -> ApiKeyStore:
     """The key store for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
-    name = dialect if isinstance(dialect, str) else dialect.dialect.name
-    if name == "postgresql":
-        from sapwood.platform.storage.postgres.api_keys import PostgresApiKeyStore
+    from sapwood.platform.storage.postgres.api_keys import PostgresApiKeyStore
+    from sapwood.platform.storage.sqlite.api_keys import SQLiteApiKeyStore
 
-        return PostgresApiKeyStore()
-    if name == "sqlite":
-        from sapwood.platform.storage.sqlite.api_keys import SQLiteApiKeyStore
-
-        return SQLiteApiKeyStore()
-    raise ValueError(f"no API key store for dialect {name!r}; expected 'sqlite' or 'postgresql'")
+    return for_dialect(dialect, "API key store", sqlite=SQLiteApiKeyStore, postgresql=PostgresApiKeyStore)

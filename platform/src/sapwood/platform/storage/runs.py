@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
+from sapwood.platform.storage.dialects import for_dialect
+
 if TYPE_CHECKING:
     from sapwood.platform.runs import ExecutionFilter
 
@@ -77,13 +79,7 @@ class RunQueue(Protocol):
 
 def run_queue(dialect: str | Engine | Connection) -> RunQueue:
     """The run queue for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
-    name = dialect if isinstance(dialect, str) else dialect.dialect.name
-    if name == "postgresql":
-        from sapwood.platform.storage.postgres.runs import PostgresRunQueue
+    from sapwood.platform.storage.postgres.runs import PostgresRunQueue
+    from sapwood.platform.storage.sqlite.runs import SQLiteRunQueue
 
-        return PostgresRunQueue()
-    if name == "sqlite":
-        from sapwood.platform.storage.sqlite.runs import SQLiteRunQueue
-
-        return SQLiteRunQueue()
-    raise ValueError(f"no run queue for dialect {name!r}; expected 'sqlite' or 'postgresql'")
+    return for_dialect(dialect, "run queue", sqlite=SQLiteRunQueue, postgresql=PostgresRunQueue)

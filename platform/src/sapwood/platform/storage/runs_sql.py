@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError
-from sapwood.platform.storage.runs import FINISHED, RunKind
+from sapwood.platform.storage.runs import FINISHED, RunKind, RunQueue
 
 if TYPE_CHECKING:
     from sapwood.platform.runs import ExecutionFilter
@@ -64,7 +64,7 @@ def available(now: float) -> Any:
     return sa.or_(_ri.state == "pending", sa.and_(_ri.state == "claimed", _ri.lease_until < now))
 
 
-class SqlRunQueue:
+class SqlRunQueue(RunQueue):
     """The run queue in portable SQL; see :mod:`sapwood.platform.storage.runs` for the contract."""
 
     def lock_candidates(self, q: sa.Select[Any], *, skip_locked: bool) -> sa.Select[Any]:

@@ -16,6 +16,8 @@ from typing import Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
+from sapwood.platform.storage.dialects import for_dialect
+
 
 class Transactions(Protocol):
     def snapshot(self, conn: Connection) -> Connection:
@@ -29,13 +31,7 @@ class Transactions(Protocol):
 
 def transactions(dialect: str | Engine | Connection) -> Transactions:
     """The transaction modes of ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
-    name = dialect if isinstance(dialect, str) else dialect.dialect.name
-    if name == "postgresql":
-        from sapwood.platform.storage.postgres.transactions import PostgresTransactions
+    from sapwood.platform.storage.postgres.transactions import PostgresTransactions
+    from sapwood.platform.storage.sqlite.transactions import SQLiteTransactions
 
-        return PostgresTransactions()
-    if name == "sqlite":
-        from sapwood.platform.storage.sqlite.transactions import SQLiteTransactions
-
-        return SQLiteTransactions()
-    raise ValueError(f"no transaction modes for dialect {name!r}; expected 'sqlite' or 'postgresql'")
+    return for_dialect(dialect, "transaction modes", sqlite=SQLiteTransactions, postgresql=PostgresTransactions)

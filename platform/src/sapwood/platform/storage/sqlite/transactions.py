@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
+from sapwood.platform.storage.transactions import Transactions
 
-class SQLiteTransactions:
+
+class SQLiteTransactions(Transactions):
     """:class:`~sapwood.platform.storage.transactions.Transactions` for SQLite."""
 
     def snapshot(self, conn: Connection) -> Connection:
