@@ -22,11 +22,12 @@ conditional update decides each claim) or :mod:`.postgres.runs` (``FOR UPDATE SK
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
-from sapwood.platform.storage.dialects import for_dialect
+from sapwood.platform.storage.dialects import dialect_name, for_dialect
 
 if TYPE_CHECKING:
     from sapwood.platform.runs import ExecutionFilter
@@ -79,7 +80,13 @@ class RunQueue(Protocol):
 
 def run_queue(dialect: str | Engine | Connection) -> RunQueue:
     """The run queue for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
+    return _run_queue(dialect_name(dialect))
+
+
+@functools.cache
+def _run_queue(name: str) -> RunQueue:
+    """One (stateless) implementation per dialect: claims call this on every batch."""
     from sapwood.platform.storage.postgres.runs import PostgresRunQueue
     from sapwood.platform.storage.sqlite.runs import SQLiteRunQueue
 
-    return for_dialect(dialect, "run queue", sqlite=SQLiteRunQueue, postgresql=PostgresRunQueue)
+    return for_dialect(name, "run queue", sqlite=SQLiteRunQueue, postgresql=PostgresRunQueue)
