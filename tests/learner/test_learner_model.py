@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sapwood.learner.advantages import batch_gae
-from sapwood.learner.batch import TreeBatch, flatten, random_tree_batch
+from sapwood.learner.batch import TreeBatch, flatten
 from sapwood.learner.config import LearnerConfig, OptimConfig, PolicyLossConfig
 from sapwood.learner.errors import ConfigError
 from sapwood.learner.model import (
@@ -18,6 +18,7 @@ from sapwood.learner.model import (
     tree_forward,
 )
 from sapwood.learner.trainer import LossTargets, compute_losses
+from support.random_trees import random_tree_batch
 
 VOCAB = 32
 

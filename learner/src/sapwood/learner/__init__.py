@@ -3,7 +3,7 @@
 Public surface (re-exported here):
 
 * ``batch``: ``TreeBatch`` (the learner's input), roles, ``flatten``, ``tree_attention_mask``,
-  ``TreeBatchBuilder``, ``random_tree_batch``;
+  ``TreeBatchBuilder`` (random trees for tests live in tests/support/random_trees.py);
 * ``weights``: ``path_probability``, the token weights (1/(d_1⋯d_k) below forks) every loss uses;
   ``flat``: the flattened per-trajectory reference (``flatten``);
 * ``horizon``: the horizon-aware default lambda and the credit each segment keeps;
@@ -36,7 +36,6 @@ from sapwood.learner.batch import (
     TreeBatch,
     TreeBatchBuilder,
     flatten,
-    random_tree_batch,
     tree_attention_mask,
 )
 from sapwood.learner.config import (
@@ -90,7 +89,6 @@ __all__ = [
     "dis_policy_loss",
     "flatten",
     "ppo_clip_policy_loss",
-    "random_tree_batch",
     "skip_observation_gae",
     "token_gae",
     "tree_attention_mask",
