@@ -24,6 +24,7 @@ the optimizer states and the policy version.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import ForkWeighting, LearnerConfig, LossAggregation, OptimConfig
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.losses import metric_floats
 from sapwood.learner.megatron_model import MegatronActorCritic, megatron_to_tiny, tiny_to_megatron
 from sapwood.learner.megatron_parallel import all_reduce_sum, init_parallel, megatron_parallel_state
 from sapwood.learner.model import ForwardOutput, LossFn, PolicyBackend, TinyTransformerConfig, tree_forward
@@ -168,7 +170,7 @@ class MegatronBackend(PolicyBackend):
         loss, metrics = loss_fn(out)
         share = self._dp_share(batch)
         (loss * share).backward()
-        metrics = self._dp_metrics({**metrics, "train/loss": float(loss.detach())}, share)
+        metrics = self._dp_metrics({**metrics, "train/loss": loss.detach()}, share)
         if self.layout.data_parallel > 1:
             self._reduce_grads([*self._actor_params, *self._critic_params])
         return metrics
@@ -212,12 +214,14 @@ class MegatronBackend(PolicyBackend):
         total = float(all_reduce_sum(den.clone(), self._dp_group))
         return float(den) / total if total > 0 else 1.0 / dp
 
-    def _dp_metrics(self, metrics: dict[str, float], share: float) -> dict[str, float]:
-        """Share-weighted sums of every metric over the data-parallel ranks (same keys on every rank)."""
+    def _dp_metrics(self, metrics: Mapping[str, Tensor | float], share: float) -> dict[str, float]:
+        """Floats of the metrics (read back in one transfer); under data parallelism their share-weighted
+        sums over the ranks (same keys on every rank)."""
+        floats = metric_floats(metrics)
         if self.layout.data_parallel == 1:
-            return metrics
-        keys = sorted(metrics)
-        vals = torch.tensor([metrics[k] * share for k in keys], dtype=torch.float64)
+            return floats
+        keys = sorted(floats)
+        vals = torch.tensor([floats[k] * share for k in keys], dtype=torch.float64)
         all_reduce_sum(vals, self._dp_group)
         return dict(zip(keys, vals.tolist(), strict=True))
 

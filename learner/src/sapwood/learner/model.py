@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from sapwood.learner.batch import FlatBatch, TreeBatch
 from sapwood.learner.config import LearnerConfig, OptimConfig
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.losses import metric_floats
 
 __all__ = [
     "ForwardOutput",
@@ -220,8 +221,9 @@ def flat_forward(model: PackedModel, batch: TreeBatch, flat: FlatBatch) -> Forwa
     )
 
 
-LossFn = Callable[[ForwardOutput], tuple[Tensor, dict[str, float]]]
-"""Maps a differentiable ``ForwardOutput`` to ``(loss, metrics)``."""
+LossFn = Callable[[ForwardOutput], tuple[Tensor, Mapping[str, Tensor | float]]]
+"""Maps a differentiable ``ForwardOutput`` to ``(loss, metrics)``; metrics are detached 0-d tensors
+(or floats), turned into floats by ``step`` in one transfer (``losses.metric_floats``)."""
 
 
 class PolicyBackend(abc.ABC):
@@ -303,10 +305,9 @@ class TorchBackend(PolicyBackend):
         self.actor_opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
         out = tree_forward(self.model, batch)
-        loss, metrics = loss_fn(out)
+        loss, loss_metrics = loss_fn(out)
         loss.backward()
-        metrics = dict(metrics)
-        metrics["train/loss"] = float(loss.detach())
+        metrics = {**loss_metrics, "train/loss": loss.detach()}
         if update_critic:
             metrics["critic/grad_norm"] = _clip(self._critic_params, self.critic_grad_clip)
             self.critic_opt.step()
@@ -316,7 +317,7 @@ class TorchBackend(PolicyBackend):
             self._version += 1
         self.actor_opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
-        return metrics
+        return metric_floats(metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -333,9 +334,10 @@ class TorchBackend(PolicyBackend):
         self._version = int(state["policy_version"])
 
 
-def _clip(params: list[nn.Parameter], max_norm: float | None) -> float:
-    """Clip the global gradient norm of ``params`` (if ``max_norm``); return the norm before clipping."""
+def _clip(params: list[nn.Parameter], max_norm: float | None) -> Tensor | float:
+    """Clip the global gradient norm of ``params`` (if ``max_norm``); return the norm before clipping
+    (a 0-d tensor: not read back)."""
     grads = [p for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    return float(torch.nn.utils.clip_grad_norm_(grads, math.inf if max_norm is None else max_norm))
+    return torch.nn.utils.clip_grad_norm_(grads, math.inf if max_norm is None else max_norm)
