@@ -9,7 +9,8 @@ Public surface (re-exported here):
 * ``horizon``: the horizon-aware default lambda and the credit each segment keeps;
 * ``advantages``: ``tree_gae`` (Skip-Observation + cross-trajectory + fork-averaged GAE) and its
   special cases ``token_gae``, ``skip_observation_gae``, ``cross_trajectory_gae``;
-* ``losses``: ``dis_policy_loss``, ``ppo_clip_policy_loss``, ``value_loss``, ``aggregate``;
+* ``losses``: ``dis_policy_loss``, ``ppo_clip_policy_loss``, ``value_loss``, ``aggregate`` (metrics as
+  0-d tensors) and ``metric_floats`` (a step's metrics as floats, in one transfer);
 * ``model``: ``PolicyBackend`` (the backend interface), ``TorchBackend``, ``TinyActorCritic``;
 * ``backends``: ``create_backend(name, ...)`` for ``"torch"`` or ``"megatron"``
   (``megatron_backend.MegatronBackend`` on megatron-core ``GPTModel``; the ``megatron`` extra, imported lazily);
@@ -47,7 +48,7 @@ from sapwood.learner.config import (
     PolicyLossConfig,
 )
 from sapwood.learner.errors import BatchValidationError, ConfigError, LearnerError
-from sapwood.learner.losses import aggregate, dis_policy_loss, ppo_clip_policy_loss, value_loss
+from sapwood.learner.losses import aggregate, dis_policy_loss, metric_floats, ppo_clip_policy_loss, value_loss
 from sapwood.learner.model import (
     ForwardOutput,
     PolicyBackend,
@@ -88,6 +89,7 @@ __all__ = [
     "cross_trajectory_gae",
     "dis_policy_loss",
     "flatten",
+    "metric_floats",
     "ppo_clip_policy_loss",
     "skip_observation_gae",
     "token_gae",
