@@ -35,8 +35,6 @@ The last stdout line is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
 import json
 import os
 import random
@@ -55,16 +53,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
-from psycopg import sql
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
-from sapwood.ingest.offsets import load_offsets
 from sapwood.ingest.poison import catalogue
-from sapwood.ingest.topics import end_offsets
 from sapwood.platform import schema as t
 from sapwood.platform.events import Event, ModelCall
 from sapwood.platform.store import Store
@@ -72,12 +65,22 @@ from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.platform.writer import ExecutionWriter
 from sapwood.rollout import KafkaTransport
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling chaos_servers, however this file is loaded
+from chaos_servers import (
+    APP_NAME,
+    create_topics,
+    fresh_database,
+    local_broker_restart,
+    log_end_offsets,
+    terminate_backend,
+    wait_applied,
+)
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka import KafkaAdminClient, KafkaProducer
+    from kafka import KafkaProducer
 
 FAULTS = ("kill", "zombie", "terminate", "poison", "broker")
-APP_NAME = "sapwood-chaos"
 SMALL = SynthConfig(calls=10, forks=1, fork_depth=2, segments=2, obs_min=5, obs_max=60, out_min=3, out_max=30,
                     system_tokens=30, task_tokens=10, summary_tokens=8, vocab_size=500)
 console = Console(stderr=True)
@@ -246,78 +249,6 @@ class Fleet:
                 proc.kill()
 
 
-def _admin(url: str) -> dict[str, Any]:
-    u = make_url(url)
-    return {"host": u.host or "127.0.0.1", "port": u.port or 5432, "user": u.username or "postgres",
-            "password": u.password, "dbname": u.database or "postgres"}
-
-
-def fresh_database(server_url: str) -> tuple[str, Callable[[], None]]:
-    """A new database on the server of ``server_url``: (its URL, a function dropping it)."""
-    name = f"sapwood_chaos_{uuid.uuid4().hex[:10]}"
-    admin = _admin(server_url)
-    with psycopg.connect(**admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-    def drop() -> None:
-        with psycopg.connect(**admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False), drop
-
-
-def terminate_backend(url: str) -> tuple[int, bool]:
-    """Terminate one ingest connection of the database of ``url``, in a transaction when one is caught within
-    3 s: (backends terminated, whether it was mid-transaction)."""
-    params = _admin(url)
-    with psycopg.connect(**params, autocommit=True, application_name="sapwood-chaos-admin") as conn:
-        deadline = time.monotonic() + 3.0
-        while True:
-            rows = conn.execute(
-                "SELECT pid, xact_start IS NOT NULL FROM pg_stat_activity WHERE application_name = %s "
-                "AND datname = %s ORDER BY (xact_start IS NOT NULL) DESC, random() LIMIT 1",
-                (APP_NAME, params["dbname"])).fetchall()
-            if rows and (rows[0][1] or time.monotonic() > deadline):
-                pid, in_tx = rows[0]
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                return 1, bool(in_tx)
-            if not rows and time.monotonic() > deadline:
-                return 0, False
-            time.sleep(0.01)
-
-
-def create_topics(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="sapwood-chaos-admin")
-    try:
-        configs = {"max.message.bytes": str(2 * 1024 * 1024)}
-        admin.create_topics({topic: {"num_partitions": partitions, "configs": configs},
-                             f"{topic}.dlq": {"num_partitions": 1}}, wait_for_metadata=True)
-    finally:
-        admin.close()
-
-
-def wait_applied(engine: sa.Engine, group: str, topic: str, ends: dict[int, int], timeout_s: float) -> float | None:
-    """Seconds until the stored offsets reach ``ends`` (None on timeout)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        try:
-            with engine.connect() as conn:
-                stored = load_offsets(conn, group, topic)
-            if all(stored.get(p, 0) >= e for p, e in ends.items() if e > 0):
-                return time.monotonic() - t0
-        except sa.exc.SQLAlchemyError:
-            pass
-        time.sleep(0.05)
-    return None
-
-
-def _ends(bootstrap: str, topic: str) -> dict[int, int]:
-    for _ in range(60):
-        with contextlib.suppress(Exception):
-            return end_offsets(bootstrap, topic)
-        time.sleep(1.0)
-    raise RuntimeError("log-end offsets unavailable for 60 s")
-
 
 def run_campaign(cfg: CampaignConfig, *, progress: Callable[[str], None] = console.log) -> Report:
     """Run ``cfg.rounds`` fault rounds against a database and a broker; see the module docstring."""
@@ -343,11 +274,11 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[str], None] = conso
         producer.start()
         fleet.wait_assigned(120)  # every process joined: recoveries measure faults, not start-up
         time.sleep(1.0)
-        wait_applied(store.engine, group, topic, _ends(cfg.bootstrap, topic), cfg.recovery_timeout_s)
+        wait_applied(store.engine, group, topic, log_end_offsets(cfg.bootstrap, topic), cfg.recovery_timeout_s)
         for n in range(cfg.rounds):
             fault = cfg.faults[n % len(cfg.faults)]
             slot = rng.randrange(cfg.processes)
-            ends = _ends(cfg.bootstrap, topic)
+            ends = log_end_offsets(cfg.bootstrap, topic)
             detail = ""
             started = time.monotonic()
             # the log ends are sampled once the fault has struck: records the victim had to apply are pending
@@ -355,16 +286,16 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[str], None] = conso
                 time.sleep(rng.uniform(0.2, 1.0))  # mid-batch, most likely
                 started = time.monotonic()
                 fleet.kill(slot)
-                ends = _ends(cfg.bootstrap, topic)
+                ends = log_end_offsets(cfg.bootstrap, topic)
                 fleet.spawn(slot)
             elif fault == "zombie":
                 fleet.signal(slot, signal.SIGSTOP)
-                ends = _ends(cfg.bootstrap, topic)
+                ends = log_end_offsets(cfg.bootstrap, topic)
                 time.sleep(cfg.zombie_s)
                 fleet.signal(slot, signal.SIGCONT)
             elif fault == "terminate":
                 killed, in_tx = terminate_backend(cfg.database_url)
-                ends = _ends(cfg.bootstrap, topic)
+                ends = log_end_offsets(cfg.bootstrap, topic)
                 report.mid_transaction += int(in_tx)
                 detail = "mid-transaction" if in_tx else ("idle" if killed else "no backend")
             elif fault == "poison":
@@ -375,7 +306,7 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[str], None] = conso
                         report.dead_letters_expected[p.reason] += 1
                     poison_valid.update(p.valid)
                 raw.flush(60)
-                ends = _ends(cfg.bootstrap, topic)
+                ends = log_end_offsets(cfg.bootstrap, topic)
             elif fault == "broker":
                 assert cfg.broker_restart is not None
                 cfg.broker_restart()
@@ -389,7 +320,7 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[str], None] = conso
         producer.stop.set()
         producer.join(120)
         raw.flush(60)
-        if wait_applied(store.engine, group, topic, _ends(cfg.bootstrap, topic), 180) is None:
+        if wait_applied(store.engine, group, topic, log_end_offsets(cfg.bootstrap, topic), 180) is None:
             progress("ingest did not catch up within 180 s")
         report.shutdowns, report.clean_shutdowns, report.error_lines = fleet.shutdown()
     finally:
@@ -449,16 +380,6 @@ def render(report: Report) -> Table:
                   f"{report.error_lines} ERROR lines after SIGTERM")
     return table
 
-
-def local_broker_restart() -> Callable[[], Any]:
-    """``restart_kafka`` of this checkout's test servers (``tests/support/services.py``)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "support" / "services.py"
-    spec = importlib.util.spec_from_file_location("sapwood_chaos_services", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.restart_kafka
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sapwood.learner import _reference as ref
 from sapwood.learner.advantages import (
     batch_gae,
     cross_trajectory_gae,
@@ -13,8 +12,10 @@ from sapwood.learner.advantages import (
     token_gae,
     tree_gae,
 )
-from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder, random_tree_batch
+from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder
 from sapwood.learner.config import AdvantageConfig
+from support import gae_reference as ref
+from support.random_trees import random_tree_batch
 
 F64 = torch.float64
 SETTINGS = [(1.0, 0.95), (0.97, 0.8), (1.0, 1.0)]

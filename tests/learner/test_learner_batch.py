@@ -17,10 +17,10 @@ from sapwood.learner.batch import (
     TreeBatch,
     TreeBatchBuilder,
     flatten,
-    random_tree_batch,
     tree_attention_mask,
 )
 from sapwood.learner.errors import BatchValidationError
+from support.random_trees import random_tree_batch
 
 
 def random_forest(n: int, seed: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ from sapwood.learner.losses import (
     aggregate,
     dis_policy_loss,
     explained_variance,
+    metric_floats,
     ppo_clip_policy_loss,
     staleness_metrics,
     value_loss,
@@ -327,3 +328,65 @@ def test_shared_tokens_count_once_and_branches_share_one_trajectorys_weight() ->
     # then carry 20/23 of the execution's weight instead of 2/5.
     unit = tree_grad(None)
     assert torch.allclose(unit[batch.trainable], torch.full((n_m,), -1.0 / n_m))
+
+
+# ------------------------------------------------------------------ host syncs
+def _forbid_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every way of reading a tensor's value back to the host raise (a device sync on a GPU)."""
+
+    def read(self: torch.Tensor, *args: object) -> object:
+        raise AssertionError("a loss read a tensor value back to the host")
+
+    for name in ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, read)
+
+
+def test_losses_return_detached_tensor_metrics_without_reading_values_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(3)
+    n = 16
+    logprob = (torch.randn(n, generator=g) - 1.0).requires_grad_(True)
+    rollout = torch.randn(n, generator=g) - 1.0
+    adv, ret = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    values = torch.randn(n, generator=g).requires_grad_(True)
+    mask = torch.rand(n, generator=g) < 0.7
+    weight = torch.rand(n, generator=g)
+    version = torch.randint(0, 5, (n,), generator=g)
+    eps_low, eps_high = torch.full((n,), 0.3), torch.full((n,), 5.0)
+    with monkeypatch.context() as patched:
+        _forbid_host_reads(patched)
+        with pytest.raises(AssertionError, match="host"):
+            float(torch.ones(()))  # the guard is armed
+        calls = [
+            dis_policy_loss(logprob, rollout, adv, mask, eps_low, eps_high, weight=weight),
+            ppo_clip_policy_loss(logprob, rollout, adv, mask, weight=weight),
+            value_loss(values, values.detach() + 0.1, ret, mask, weight=weight),
+            (None, staleness_metrics(version, mask, current_version=6, weight=weight)),
+            (None, {"critic/explained_var": explained_variance(values, ret, mask, weight)}),
+        ]
+        empty = torch.zeros(n, dtype=torch.bool)  # no trainable token: the defaults, still without a read
+        calls.append(dis_policy_loss(logprob, rollout, adv, empty, 0.3, 5.0))
+        calls.append((None, staleness_metrics(version, empty, current_version=6)))
+    for _, metrics in calls:
+        for key, v in metrics.items():
+            assert isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad, key
+    floats = [metric_floats(m) for _, m in calls]
+    assert all(isinstance(v, float) for f in floats for v in f.values())
+    assert floats[0]["policy/ratio_min"] <= floats[0]["policy/ratio_mean"] <= floats[0]["policy/ratio_max"]
+    assert floats[3]["policy/staleness_max"] == float((6 - version)[mask].max())
+    assert floats[5]["policy/ratio_mean"] == 1.0 and floats[5]["policy/approx_kl"] == 0.0
+    assert floats[6] == {"policy/staleness_mean": 0.0, "policy/staleness_max": 0.0}
+
+
+def test_metric_floats_reads_the_same_floats_as_float() -> None:
+    metrics = {
+        "a": torch.tensor(1 / 3, dtype=torch.float32),
+        "b": torch.tensor(2 / 3, dtype=torch.float64),
+        "c": torch.tensor(7),
+        "d": torch.tensor(math.nan),
+        "e": 0.125,
+    }
+    out = metric_floats(metrics)
+    assert list(out) == list(metrics)
+    assert out["a"] == float(metrics["a"]) and out["b"] == 2 / 3 and out["c"] == 7.0 and out["e"] == 0.125
+    assert math.isnan(out["d"])
+    assert metric_floats({}) == {}

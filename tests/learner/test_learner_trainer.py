@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sapwood.learner.batch import PROMPT, TreeBatchBuilder, random_tree_batch
+from sapwood.learner.batch import PROMPT, TreeBatchBuilder
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig, PolicyLossConfig
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
 from sapwood.learner.trainer import SAOTrainer
+from support.random_trees import random_tree_batch
 
 VOCAB = 32
 

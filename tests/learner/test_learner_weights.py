@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sapwood.learner.advantages import batch_gae
-from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder, random_tree_batch
+from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder
 from sapwood.learner.config import LearnerConfig, PolicyLossConfig
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.flat import flatten
@@ -19,6 +19,7 @@ from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.learner.trainer import LossTargets, compute_losses
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from support.random_trees import random_tree_batch
 
 VOCAB = 100
 

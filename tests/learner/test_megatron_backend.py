@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sapwood.learner.advantages import batch_gae
-from sapwood.learner.batch import flatten, random_tree_batch
+from sapwood.learner.batch import flatten
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig, PolicyLossConfig
 from sapwood.learner.errors import ConfigError
 from sapwood.learner.megatron_backend import MegatronBackend, loss_denominator
@@ -19,6 +19,7 @@ from sapwood.learner.megatron_parallel import init_parallel, layout, teardown_pa
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend, flat_forward, tree_forward
 from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
 from support.megatron_ranks import VOCAB, model_config, near_policy_batch, require_megatron
+from support.random_trees import random_tree_batch
 
 require_megatron()
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # megatron's CPU notes
@@ -114,7 +115,7 @@ def test_loss_and_every_gradient_equal_torch_backend_tree_and_flat(shared: bool,
     assert sum(float(g.abs().sum()) for g in ref.values()) > 0
     if kind == "dis":
         assert 0.0 < tree_metrics["policy/masked_frac"] < 1.0
-    assert tree_metrics["policy/ratio_mean"] == pytest.approx(ref_metrics["policy/ratio_mean"], abs=1e-10)
+    assert float(tree_metrics["policy/ratio_mean"]) == pytest.approx(float(ref_metrics["policy/ratio_mean"]), abs=1e-10)
     assert flat_loss.grad_fn is not None and flat.cat_index().numel() > batch.num_tokens
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import torch
 
 from sapwood.learner.advantages import batch_gae
-from sapwood.learner.batch import TreeBatch, random_tree_batch
+from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, tree_forward
 from sapwood.learner.trainer import LossTargets, compute_losses
+from support.random_trees import random_tree_batch
 
 VOCAB = 32
 

@@ -3,13 +3,14 @@
 Public surface (re-exported here):
 
 * ``batch``: ``TreeBatch`` (the learner's input), roles, ``flatten``, ``tree_attention_mask``,
-  ``TreeBatchBuilder``, ``random_tree_batch``;
+  ``TreeBatchBuilder`` (random trees for tests live in tests/support/random_trees.py);
 * ``weights``: ``path_probability``, the token weights (1/(d_1⋯d_k) below forks) every loss uses;
   ``flat``: the flattened per-trajectory reference (``flatten``);
 * ``horizon``: the horizon-aware default lambda and the credit each segment keeps;
 * ``advantages``: ``tree_gae`` (Skip-Observation + cross-trajectory + fork-averaged GAE) and its
   special cases ``token_gae``, ``skip_observation_gae``, ``cross_trajectory_gae``;
-* ``losses``: ``dis_policy_loss``, ``ppo_clip_policy_loss``, ``value_loss``, ``aggregate``;
+* ``losses``: ``dis_policy_loss``, ``ppo_clip_policy_loss``, ``value_loss``, ``aggregate`` (metrics as
+  0-d tensors) and ``metric_floats`` (a step's metrics as floats, in one transfer);
 * ``model``: ``PolicyBackend`` (the backend interface), ``TorchBackend``, ``TinyActorCritic``;
 * ``backends``: ``create_backend(name, ...)`` for ``"torch"`` or ``"megatron"``
   (``megatron_backend.MegatronBackend`` on megatron-core ``GPTModel``; the ``megatron`` extra, imported lazily);
@@ -36,7 +37,6 @@ from sapwood.learner.batch import (
     TreeBatch,
     TreeBatchBuilder,
     flatten,
-    random_tree_batch,
     tree_attention_mask,
 )
 from sapwood.learner.config import (
@@ -48,7 +48,7 @@ from sapwood.learner.config import (
     PolicyLossConfig,
 )
 from sapwood.learner.errors import BatchValidationError, ConfigError, LearnerError
-from sapwood.learner.losses import aggregate, dis_policy_loss, ppo_clip_policy_loss, value_loss
+from sapwood.learner.losses import aggregate, dis_policy_loss, metric_floats, ppo_clip_policy_loss, value_loss
 from sapwood.learner.model import (
     ForwardOutput,
     PolicyBackend,
@@ -89,8 +89,8 @@ __all__ = [
     "cross_trajectory_gae",
     "dis_policy_loss",
     "flatten",
+    "metric_floats",
     "ppo_clip_policy_loss",
-    "random_tree_batch",
     "skip_observation_gae",
     "token_gae",
     "tree_attention_mask",

@@ -1,7 +1,9 @@
 """Policy and value losses: pure functions of tensors and masks.
 
 Every loss returns ``(loss, metrics)``: a scalar tensor to differentiate and a
-dict of floats with namespaced keys (``policy/...``, ``critic/...``).
+dict of detached 0-d tensors with namespaced keys (``policy/...``, ``critic/...``).
+No loss reads a value back to the host (on a GPU each read is a device sync):
+``metric_floats`` turns a step's metrics into floats in one transfer.
 
 Shapes: all per-token arguments are [N] — N unique tokens of a ``TreeBatch``
 or N token occurrences of a flattened batch. ``weight`` is each term's weight:
@@ -23,6 +25,7 @@ per-token terms become a loss:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -35,6 +38,7 @@ __all__ = [
     "dis_policy_loss",
     "dis_window_bounds",
     "explained_variance",
+    "metric_floats",
     "ppo_clip_policy_loss",
     "staleness_metrics",
     "value_loss",
@@ -76,8 +80,9 @@ def aggregate(
     if mode == "segment_mean":
         if segment is None:
             raise ConfigError("segment_mean aggregation needs a segment id per token")
-        _, inv = torch.unique(segment, return_inverse=True)
-        k = int(inv.max()) + 1 if inv.numel() else 0
+        # torch.unique's output size depends on the data: this mode reads it back (one device sync).
+        ids, inv = torch.unique(segment, return_inverse=True)
+        k = ids.numel()
         num = torch.zeros(k, dtype=values.dtype, device=values.device).index_add(0, inv, contrib)
         den = torch.zeros(k, dtype=values.dtype, device=values.device).index_add(0, inv, w)
         has = den > 0
@@ -87,26 +92,46 @@ def aggregate(
     raise ConfigError(f"unknown loss aggregation {mode!r}; expected 'token' or 'segment_mean'")
 
 
-def _wmean(x: Tensor, w: Tensor) -> float:
-    s = float(w.sum())
-    return float((x * w).sum()) / s if s > 0 else 0.0
+def metric_floats(metrics: Mapping[str, Tensor | float]) -> dict[str, float]:
+    """Metrics as Python floats, the tensors read back in one transfer (one device sync).
+
+    Each 0-d tensor becomes the float ``float(t)`` would give; plain numbers pass through.
+    """
+    tensors = {k: v for k, v in metrics.items() if isinstance(v, Tensor)}
+    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, Tensor)}
+    if tensors:
+        values = torch.stack([v.detach().reshape(()).to(torch.float64) for v in tensors.values()])
+        out.update(zip(tensors, values.tolist(), strict=True))
+    return {k: out[k] for k in metrics}
 
 
-def _ratio_metrics(log_ratio: Tensor, mask: Tensor, w: Tensor) -> dict[str, float]:
-    """Ratio statistics over the masked tokens whose log-ratio is a number (NaN ones are left out)."""
+def _where0(ok: Tensor, value: Tensor, default: float) -> Tensor:
+    """``value`` where the 0-d bool ``ok`` holds, else ``default`` (in ``value``'s dtype), on the device."""
+    return torch.where(ok, value, torch.full_like(value, default))
+
+
+def _wmean(x: Tensor, w: Tensor) -> Tensor:
+    """0-d float64 weighted mean ``Σ x w / Σ w`` (0 when ``Σ w`` is not positive); sums in ``x``'s dtype."""
+    s = w.sum().double()
+    return _where0(s > 0, (x * w).sum().double() / s, 0.0)
+
+
+def _ratio_metrics(log_ratio: Tensor, mask: Tensor, w: Tensor) -> dict[str, Tensor]:
+    """Ratio statistics over the masked tokens whose log-ratio is a number (NaN ones are left out);
+    1 (ratios) and 0 (KL) when there is none."""
     lr = log_ratio.detach().clamp(-_LOG_RATIO_CAP, _LOG_RATIO_CAP)
     sel = mask.to(torch.bool) & ~torch.isnan(lr)
-    if not bool(sel.any()):
-        return {"policy/ratio_mean": 1.0, "policy/ratio_min": 1.0, "policy/ratio_max": 1.0, "policy/approx_kl": 0.0}
     lr = torch.where(sel, lr, torch.zeros_like(lr))
     ratio = torch.exp(lr)
     w = torch.where(sel, w, torch.zeros_like(w))
+    some = sel.any()
+    inf = torch.full_like(ratio, math.inf)
     return {
-        "policy/ratio_mean": _wmean(ratio, w),
-        "policy/ratio_min": float(ratio[sel].min()),
-        "policy/ratio_max": float(ratio[sel].max()),
+        "policy/ratio_mean": _where0(some, _wmean(ratio, w), 1.0),
+        "policy/ratio_min": _where0(some, torch.where(sel, ratio, inf).amin(), 1.0),
+        "policy/ratio_max": _where0(some, torch.where(sel, ratio, -inf).amax(), 1.0),
         # k3 estimator of KL(rollout || current), non-negative per token.
-        "policy/approx_kl": _wmean(ratio - 1.0 - lr, w),
+        "policy/approx_kl": _where0(some, _wmean(ratio - 1.0 - lr, w), 0.0),
     }
 
 
@@ -130,7 +155,7 @@ def dis_policy_loss(
     weight: Tensor | None = None,
     mode: LossAggregation = "token",
     segment: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """DIS policy loss (SAO): ``-f(r) Â`` with ``r = exp(logπ_θ - logπ_rollout)``.
 
     ``f(x) = x`` if ``1 - eps_low < x < 1 + eps_high`` else 0 (strict: a ratio exactly
@@ -181,7 +206,7 @@ def dis_policy_loss(
     loss = aggregate(per_token, m, mode=mode, weight=weight, segment=segment)
     w = _weights(m, weight)
     metrics = {
-        "policy/loss": float(loss.detach()),
+        "policy/loss": loss.detach(),
         "policy/masked_frac": _wmean((~inside & m).to(torch.float32), w),
         "policy/masked_low_frac": _wmean(below.to(torch.float32), w),
         "policy/masked_high_frac": _wmean(above.to(torch.float32), w),
@@ -203,7 +228,7 @@ def ppo_clip_policy_loss(
     weight: Tensor | None = None,
     mode: LossAggregation = "token",
     segment: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate ``-min(r Â, clip(r, 1-clip_low, 1+clip_high) Â)`` (for comparison).
 
     Args:
@@ -231,7 +256,7 @@ def ppo_clip_policy_loss(
     loss = aggregate(per_token, m, mode=mode, weight=weight, segment=segment)
     w = _weights(m, weight)
     metrics = {
-        "policy/loss": float(loss.detach()),
+        "policy/loss": loss.detach(),
         "policy/clip_frac": _wmean((clipped > unclipped).detach().to(torch.float32), w),
         "policy/adv_mean": _wmean(adv.detach().float(), w),
         **_ratio_metrics(log_ratio, m, w),
@@ -239,24 +264,20 @@ def ppo_clip_policy_loss(
     return loss, metrics
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, weight: Tensor | None = None) -> float:
-    """``1 - Var(returns - values) / Var(returns)`` over the masked tokens (weighted).
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, weight: Tensor | None = None) -> Tensor:
+    """``1 - Var(returns - values) / Var(returns)`` over the masked tokens (weighted), a 0-d float64 tensor.
 
-    Returns NaN when the returns have no variance (no signal either way).
+    NaN when the returns have no variance (no signal either way) or no token is masked.
     """
     w = _weights(mask, weight, torch.float64)
-    s = float(w.sum())
-    if s <= 0:
-        return math.nan
+    s = w.sum()
     r, v = returns.detach().double(), values.detach().double()
     mean_r = (r * w).sum() / s
-    var_r = float(((r - mean_r) ** 2 * w).sum()) / s
-    if var_r < 1e-12:
-        return math.nan
+    var_r = ((r - mean_r) ** 2 * w).sum() / s
     err = r - v
     mean_e = (err * w).sum() / s
-    var_e = float(((err - mean_e) ** 2 * w).sum()) / s
-    return 1.0 - var_e / var_r
+    var_e = ((err - mean_e) ** 2 * w).sum() / s
+    return _where0((s > 0) & (var_r >= 1e-12), 1.0 - var_e / var_r, math.nan)
 
 
 def value_loss(
@@ -269,7 +290,7 @@ def value_loss(
     weight: Tensor | None = None,
     mode: LossAggregation = "token",
     segment: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Token-level clipped value loss ``0.5 max((V - G)^2, (clip(V, V_old ± clip) - G)^2)``.
 
     Args:
@@ -301,7 +322,7 @@ def value_loss(
     loss = aggregate(per_token, m, mode=mode, weight=weight, segment=segment)
     w = _weights(m, weight)
     metrics = {
-        "critic/value_loss": float(loss.detach()),
+        "critic/value_loss": loss.detach(),
         "critic/clip_frac": _wmean(clipped_more.to(torch.float32), w),
         "critic/explained_var": explained_variance(values, g, m, weight),
         "critic/value_mean": _wmean(values.detach().float(), w),
@@ -312,7 +333,7 @@ def value_loss(
 
 def staleness_metrics(
     policy_version: Tensor, mask: Tensor, current_version: int, weight: Tensor | None = None
-) -> dict[str, float]:
+) -> dict[str, Tensor]:
     """Policy lag of the trained tokens: ``current_version - policy_version``.
 
     Args:
@@ -329,5 +350,5 @@ def staleness_metrics(
     w = _weights(m, weight)
     return {
         "policy/staleness_mean": _wmean(lag, w),
-        "policy/staleness_max": float(lag[m].max()) if bool(m.any()) else 0.0,
+        "policy/staleness_max": _where0(m.any(), torch.where(m, lag, -math.inf).amax(), 0.0),
     }

@@ -24,6 +24,7 @@ the optimizer states and the policy version.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -33,9 +34,10 @@ from torch import Tensor, nn
 from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import ForkWeighting, LearnerConfig, LossAggregation, OptimConfig
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.losses import metric_floats
 from sapwood.learner.megatron_model import MegatronActorCritic, megatron_to_tiny, tiny_to_megatron
 from sapwood.learner.megatron_parallel import all_reduce_sum, init_parallel, megatron_parallel_state
-from sapwood.learner.model import ForwardOutput, LossFn, PolicyBackend, TinyTransformerConfig, tree_forward
+from sapwood.learner.model import ActorCriticBackend, LossFn, TinyTransformerConfig, tree_forward
 
 __all__ = ["MegatronBackend", "loss_denominator"]
 
@@ -52,7 +54,7 @@ def loss_denominator(batch: TreeBatch, aggregation: LossAggregation, fork_weight
     raise ConfigError(f"unknown loss aggregation {aggregation!r}; expected 'token' or 'segment_mean'")
 
 
-class MegatronBackend(PolicyBackend):
+class MegatronBackend(ActorCriticBackend):
     """``PolicyBackend`` for ``MegatronActorCritic`` (see the module docstring).
 
     Args:
@@ -91,20 +93,13 @@ class MegatronBackend(PolicyBackend):
         self._dp_group = ps.get_data_parallel_group()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.model = MegatronActorCritic(model_config, dtype=dtype)
+            self.model: MegatronActorCritic = MegatronActorCritic(model_config, dtype=dtype)
         if init_state is not None:
             self.load_tiny_state(init_state)
         self.aggregation: LossAggregation = aggregation
         self.fork_weighting: ForkWeighting = fork_weighting
-        self.optim_config = oc = optim or OptimConfig()
-        self._actor_params = self.model.actor_parameters()
-        self._critic_params = self.model.critic_parameters()
-        self.actor_opt = torch.optim.AdamW(self._actor_params, lr=oc.actor_lr, betas=oc.betas,
-                                           weight_decay=oc.weight_decay)
-        self.critic_opt = torch.optim.AdamW(self._critic_params, lr=oc.critic_lr, betas=oc.betas,
-                                            weight_decay=oc.weight_decay)
-        self.critic_grad_clip = critic_grad_clip
-        self._version = policy_version
+        self._setup(self.model.actor_parameters(), self.model.critic_parameters(), optim, critic_grad_clip,
+                    policy_version)
 
     @classmethod
     def from_config(cls, model_config: TinyTransformerConfig, config: LearnerConfig, **kw: Any) -> MegatronBackend:
@@ -125,26 +120,10 @@ class MegatronBackend(PolicyBackend):
         return megatron_to_tiny(self.model)
 
     # ------------------------------------------------------------- interface
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    def forward(self, batch: TreeBatch) -> ForwardOutput:
-        with torch.no_grad():
-            return tree_forward(self.model, batch)
-
     def step(self, batch: TreeBatch, loss_fn: LossFn, *, update_actor: bool, update_critic: bool) -> dict[str, float]:
-        metrics = self._backward(batch, loss_fn)
-        if update_critic:
-            metrics["critic/grad_norm"] = self._clip(self._critic_params, self.critic_grad_clip)
-            self.critic_opt.step()
-        if update_actor:
-            metrics["actor/grad_norm"] = self._clip(self._actor_params, self.optim_config.actor_grad_clip)
-            self.actor_opt.step()
-            self._version += 1
-        self.actor_opt.zero_grad(set_to_none=True)
-        self.critic_opt.zero_grad(set_to_none=True)
-        return metrics
+        metrics: dict[str, Tensor | float] = {**self._backward(batch, loss_fn)}
+        self._update(metrics, update_actor=update_actor, update_critic=update_critic)
+        return metric_floats(metrics)
 
     def gradients(self, batch: TreeBatch, loss_fn: LossFn) -> tuple[dict[str, Tensor], dict[str, float]]:
         """Gradients of the global loss without a step: forward, backward, data-parallel reduction.
@@ -155,20 +134,18 @@ class MegatronBackend(PolicyBackend):
         """
         metrics = self._backward(batch, loss_fn)
         grads = megatron_to_tiny(self.model, grads=True)
-        self.actor_opt.zero_grad(set_to_none=True)
-        self.critic_opt.zero_grad(set_to_none=True)
+        self._zero_grad()
         return grads, metrics
 
     def _backward(self, batch: TreeBatch, loss_fn: LossFn) -> dict[str, float]:
         """Fresh gradients of the global loss on every rank; returns the (data-parallel reduced) metrics."""
         self.model.train()
-        self.actor_opt.zero_grad(set_to_none=True)
-        self.critic_opt.zero_grad(set_to_none=True)
+        self._zero_grad()
         out = tree_forward(self.model, batch)
         loss, metrics = loss_fn(out)
         share = self._dp_share(batch)
         (loss * share).backward()
-        metrics = self._dp_metrics({**metrics, "train/loss": float(loss.detach())}, share)
+        metrics = self._dp_metrics({**metrics, "train/loss": loss.detach()}, share)
         if self.layout.data_parallel > 1:
             self._reduce_grads([*self._actor_params, *self._critic_params])
         return metrics
@@ -212,12 +189,14 @@ class MegatronBackend(PolicyBackend):
         total = float(all_reduce_sum(den.clone(), self._dp_group))
         return float(den) / total if total > 0 else 1.0 / dp
 
-    def _dp_metrics(self, metrics: dict[str, float], share: float) -> dict[str, float]:
-        """Share-weighted sums of every metric over the data-parallel ranks (same keys on every rank)."""
+    def _dp_metrics(self, metrics: Mapping[str, Tensor | float], share: float) -> dict[str, float]:
+        """Floats of the metrics (read back in one transfer); under data parallelism their share-weighted
+        sums over the ranks (same keys on every rank)."""
+        floats = metric_floats(metrics)
         if self.layout.data_parallel == 1:
-            return metrics
-        keys = sorted(metrics)
-        vals = torch.tensor([metrics[k] * share for k in keys], dtype=torch.float64)
+            return floats
+        keys = sorted(floats)
+        vals = torch.tensor([floats[k] * share for k in keys], dtype=torch.float64)
         all_reduce_sum(vals, self._dp_group)
         return dict(zip(keys, vals.tolist(), strict=True))
 
@@ -235,14 +214,14 @@ class MegatronBackend(PolicyBackend):
             g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
-    def _clip(self, params: list[nn.Parameter], max_norm: float | None) -> float:
+    def _clip(self, params: list[nn.Parameter], max_norm: float | None) -> Tensor | float:
         """Clip the global gradient norm of ``params`` over the tensor-parallel shards; return it before clipping."""
+        if self.layout.tensor_parallel == 1:
+            return super()._clip(params, max_norm)
         grads = [p for p in params if p.grad is not None]
         if not grads:
             return 0.0
         limit = math.inf if max_norm is None else max_norm
-        if self.layout.tensor_parallel == 1:
-            return float(torch.nn.utils.clip_grad_norm_(grads, limit))
         sharded = torch.zeros((), dtype=torch.float64)
         replicated = torch.zeros((), dtype=torch.float64)
         for p in grads:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +29,10 @@ from torch import Tensor, nn
 from sapwood.learner.batch import FlatBatch, TreeBatch
 from sapwood.learner.config import LearnerConfig, OptimConfig
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.losses import metric_floats
 
 __all__ = [
+    "ActorCriticBackend",
     "ForwardOutput",
     "LossFn",
     "PackedModel",
@@ -220,8 +222,9 @@ def flat_forward(model: PackedModel, batch: TreeBatch, flat: FlatBatch) -> Forwa
     )
 
 
-LossFn = Callable[[ForwardOutput], tuple[Tensor, dict[str, float]]]
-"""Maps a differentiable ``ForwardOutput`` to ``(loss, metrics)``."""
+LossFn = Callable[[ForwardOutput], tuple[Tensor, Mapping[str, Tensor | float]]]
+"""Maps a differentiable ``ForwardOutput`` to ``(loss, metrics)``; metrics are detached 0-d tensors
+(or floats), turned into floats by ``step`` in one transfer (``losses.metric_floats``)."""
 
 
 class PolicyBackend(abc.ABC):
@@ -253,7 +256,73 @@ class PolicyBackend(abc.ABC):
         """Restore what ``state_dict`` returned."""
 
 
-class TorchBackend(PolicyBackend):
+class ActorCriticBackend(PolicyBackend):
+    """What ``TorchBackend`` and ``MegatronBackend`` share: an actor and a critic AdamW over a model's
+    ``actor_parameters()`` / ``critic_parameters()``, the no-grad tree forward, the policy version, and
+    the update after a backward pass (per-group gradient clipping, the selected optimizer steps).
+
+    A subclass sets ``model`` and calls ``_setup`` with its parameter groups; it may override ``_clip``
+    (e.g. to add the squared norms of tensor-parallel shards).
+    """
+
+    model: nn.Module
+    """The ``PackedModel`` trained."""
+
+    def _setup(
+        self,
+        actor_params: list[nn.Parameter],
+        critic_params: list[nn.Parameter],
+        optim: OptimConfig | None,
+        critic_grad_clip: float | None,
+        policy_version: int,
+    ) -> None:
+        """Optimizers over the two parameter groups, the critic clip and the initial policy version."""
+        self.optim_config = oc = optim or OptimConfig()
+        self._actor_params = actor_params
+        self._critic_params = critic_params
+        self.actor_opt = torch.optim.AdamW(
+            self._actor_params, lr=oc.actor_lr, betas=oc.betas, weight_decay=oc.weight_decay
+        )
+        self.critic_opt = torch.optim.AdamW(
+            self._critic_params, lr=oc.critic_lr, betas=oc.betas, weight_decay=oc.weight_decay
+        )
+        self.critic_grad_clip = critic_grad_clip
+        self._version = policy_version
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def forward(self, batch: TreeBatch) -> ForwardOutput:
+        with torch.no_grad():
+            return tree_forward(self.model, batch)
+
+    def _zero_grad(self) -> None:
+        self.actor_opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
+
+    def _update(self, metrics: dict[str, Tensor | float], *, update_actor: bool, update_critic: bool) -> None:
+        """After a backward pass: clip and step the selected groups (grad norms into ``metrics``), bump the
+        version on an actor update, drop the gradients."""
+        if update_critic:
+            metrics["critic/grad_norm"] = self._clip(self._critic_params, self.critic_grad_clip)
+            self.critic_opt.step()
+        if update_actor:
+            metrics["actor/grad_norm"] = self._clip(self._actor_params, self.optim_config.actor_grad_clip)
+            self.actor_opt.step()
+            self._version += 1
+        self._zero_grad()
+
+    def _clip(self, params: list[nn.Parameter], max_norm: float | None) -> Tensor | float:
+        """Clip the global gradient norm of ``params`` (if ``max_norm``); return the norm before clipping
+        (a 0-d tensor: not read back)."""
+        grads = [p for p in params if p.grad is not None]
+        if not grads:
+            return 0.0
+        return torch.nn.utils.clip_grad_norm_(grads, math.inf if max_norm is None else max_norm)
+
+
+class TorchBackend(ActorCriticBackend):
     """``PolicyBackend`` for ``TinyActorCritic`` with two AdamW optimizers (actor, critic).
 
     The actor optimizer owns the actor trunk and LM head, the critic optimizer the
@@ -271,52 +340,23 @@ class TorchBackend(PolicyBackend):
         critic_grad_clip: float | None = 1.0,
         policy_version: int = 0,
     ) -> None:
-        self.model = model
-        self.optim_config = optim or OptimConfig()
-        oc = self.optim_config
-        self._actor_params = model.actor_parameters()
-        self._critic_params = model.critic_parameters()
-        self.actor_opt = torch.optim.AdamW(
-            self._actor_params, lr=oc.actor_lr, betas=oc.betas, weight_decay=oc.weight_decay
-        )
-        self.critic_opt = torch.optim.AdamW(
-            self._critic_params, lr=oc.critic_lr, betas=oc.betas, weight_decay=oc.weight_decay
-        )
-        self.critic_grad_clip = critic_grad_clip
-        self._version = policy_version
+        self.model: TinyActorCritic = model
+        self._setup(model.actor_parameters(), model.critic_parameters(), optim, critic_grad_clip, policy_version)
 
     @classmethod
     def from_config(cls, model: TinyActorCritic, config: LearnerConfig, *, policy_version: int = 0) -> TorchBackend:
         """Backend with the optimizers of ``config.optim`` and the critic clip of ``config.critic``."""
         return cls(model, config.optim, critic_grad_clip=config.critic.grad_clip, policy_version=policy_version)
 
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    def forward(self, batch: TreeBatch) -> ForwardOutput:
-        with torch.no_grad():
-            return tree_forward(self.model, batch)
-
     def step(self, batch: TreeBatch, loss_fn: LossFn, *, update_actor: bool, update_critic: bool) -> dict[str, float]:
         self.model.train()
-        self.actor_opt.zero_grad(set_to_none=True)
-        self.critic_opt.zero_grad(set_to_none=True)
+        self._zero_grad()
         out = tree_forward(self.model, batch)
-        loss, metrics = loss_fn(out)
+        loss, loss_metrics = loss_fn(out)
         loss.backward()
-        metrics = dict(metrics)
-        metrics["train/loss"] = float(loss.detach())
-        if update_critic:
-            metrics["critic/grad_norm"] = _clip(self._critic_params, self.critic_grad_clip)
-            self.critic_opt.step()
-        if update_actor:
-            metrics["actor/grad_norm"] = _clip(self._actor_params, self.optim_config.actor_grad_clip)
-            self.actor_opt.step()
-            self._version += 1
-        self.actor_opt.zero_grad(set_to_none=True)
-        self.critic_opt.zero_grad(set_to_none=True)
-        return metrics
+        metrics = {**loss_metrics, "train/loss": loss.detach()}
+        self._update(metrics, update_actor=update_actor, update_critic=update_critic)
+        return metric_floats(metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -332,10 +372,3 @@ class TorchBackend(PolicyBackend):
         self.critic_opt.load_state_dict(state["critic_opt"])
         self._version = int(state["policy_version"])
 
-
-def _clip(params: list[nn.Parameter], max_norm: float | None) -> float:
-    """Clip the global gradient norm of ``params`` (if ``max_norm``); return the norm before clipping."""
-    grads = [p for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    return float(torch.nn.utils.clip_grad_norm_(grads, math.inf if max_norm is None else max_norm))

@@ -28,7 +28,13 @@ from torch import Tensor
 from sapwood.learner.advantages import GAEResult, batch_gae
 from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import LearnerConfig, PolicyLossConfig
-from sapwood.learner.losses import dis_policy_loss, ppo_clip_policy_loss, staleness_metrics, value_loss
+from sapwood.learner.losses import (
+    dis_policy_loss,
+    metric_floats,
+    ppo_clip_policy_loss,
+    staleness_metrics,
+    value_loss,
+)
 from sapwood.learner.model import ForwardOutput, PolicyBackend
 
 __all__ = ["LossTargets", "SAOTrainer", "compute_losses", "token_windows"]
@@ -110,8 +116,9 @@ class LossTargets:
 
 def compute_losses(
     out: ForwardOutput, targets: LossTargets, config: LearnerConfig, *, policy: bool = True
-) -> tuple[Tensor, dict[str, float]]:
-    """Policy loss (if ``policy``) + ``value_coef`` × value loss, with their metrics.
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Policy loss (if ``policy``) + ``value_coef`` × value loss, with their metrics (detached 0-d tensors:
+    nothing is read back to the host; the backend's ``step`` turns them into floats once).
 
     Args:
         out: differentiable model outputs, [N] per token (or occurrence).
@@ -159,7 +166,7 @@ def compute_losses(
         loss = loss + p_loss
         metrics.update(pm)
         w = targets.mask.float() if targets.weight is None else targets.weight * targets.mask.float()
-        metrics["policy/entropy"] = float((out.entropy.detach() * w).sum() / w.sum().clamp(min=1e-8))
+        metrics["policy/entropy"] = (out.entropy.detach() * w).sum() / w.sum().clamp(min=1e-8)
     return loss, metrics
 
 
@@ -248,22 +255,22 @@ class SAOTrainer:
         if catchup:
             metrics["critic/value_loss_after_catchup"] = latest["critic/value_loss"]
         mask = batch.trainable
-        metrics.update(staleness_metrics(batch.policy_version, mask, version, targets.weight))
         adv = gae.advantages[mask]
-        metrics.update(
-            {
-                "adv/mean": float(adv.mean()) if adv.numel() else 0.0,
-                "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
-                "adv/discount_mean": float(gae.discount[mask].mean()) if adv.numel() else 0.0,
-                "train/critic_warmup": float(warmup),
-                "train/catchup_steps": float(catchup),
-                "train/policy_version": float(self.backend.policy_version),
-                "train/trainable_tokens": float(mask.sum()),
-                # |M| of the loss: Σ token weights over the trainable tokens (= trainable_tokens with unit weights).
-                "train/trainable_weight": float(mask.sum()) if targets.weight is None else float(
-                    targets.weight[mask].sum()),
-                "train/unique_tokens": float(batch.num_tokens),
-            }
-        )
+        zero = torch.zeros((), device=adv.device)
+        # Read back in one transfer (one device sync), with the staleness metrics.
+        extra: dict[str, Tensor | float] = {
+            **staleness_metrics(batch.policy_version, mask, version, targets.weight),
+            "adv/mean": adv.mean() if adv.numel() else zero,
+            "adv/std": adv.std() if adv.numel() > 1 else zero,
+            "adv/discount_mean": gae.discount[mask].mean() if adv.numel() else zero,
+            "train/critic_warmup": float(warmup),
+            "train/catchup_steps": float(catchup),
+            "train/policy_version": float(self.backend.policy_version),
+            "train/trainable_tokens": mask.sum(),
+            # |M| of the loss: Σ token weights over the trainable tokens (= trainable_tokens with unit weights).
+            "train/trainable_weight": mask.sum() if targets.weight is None else targets.weight[mask].sum(),
+            "train/unique_tokens": float(batch.num_tokens),
+        }
+        metrics.update(metric_floats(extra))
         self.steps += 1
         return metrics

@@ -1,7 +1,7 @@
 """Per-token Python-loop reference implementations of the advantage functions.
 
 Slow and literal, for equivalence tests of the vectorized versions in
-``sapwood.learner.advantages``. Not used in training.
+``sapwood.learner.advantages`` (tests/learner/test_learner_advantages.py). Not used in training.
 """
 
 from __future__ import annotations
