@@ -297,7 +297,8 @@ def ingest_once(args: argparse.Namespace) -> dict[str, Any]:
         apply_sum = transaction_seconds(service)
     assert stats.first_batch_at is not None and stats.last_commit_at is not None and stats.dead_letters == 0
     return {"seconds": seconds, "busy_seconds": stats.last_commit_at - stats.first_batch_at,
-            "transaction_seconds": apply_sum, "events": stats.events, "tokens": stats.tokens}
+            "transaction_seconds": apply_sum, "events": stats.events, "tokens": stats.tokens,
+            "service_module": sys.modules[IngestService.__module__].__file__}
 
 
 def compare_trees(args: argparse.Namespace, admin: dict[str, Any], topic: str, tokens: int) -> dict[str, Any]:
@@ -325,6 +326,8 @@ def compare_trees(args: argparse.Namespace, admin: dict[str, Any], topic: str, t
                 with psycopg.connect(**admin) as conn:
                     conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
             assert run["tokens"] == tokens, run
+            if not Path(run.pop("service_module")).resolve().is_relative_to(trees[label]):
+                raise RuntimeError(f"the {label} run imported sapwood from outside {trees[label]}")
             run["tokens_per_s"] = tokens / run["seconds"]
             run["busy_tokens_per_s"] = tokens / run["busy_seconds"]
             runs[label].append(run)
