@@ -31,12 +31,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from sapwood.demo.config import DemoConfig
+from sapwood.demo.elastic.driver import ElasticDemoConfig, run_elastic_demo
+from sapwood.demo.elastic.executions import run_executions
+from sapwood.demo.tasks import KeyRecallConfig, KeyRecallEnv
 from sapwood.learner.model import TinyActorCritic
-from sapwood.rollout.demo import DemoConfig
-from sapwood.rollout.tasks import KeyRecallConfig, KeyRecallEnv
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
-from sapwood.scheduler.runtime.demo import ElasticDemoConfig, run_elastic_demo
-from sapwood.scheduler.runtime.execution import run_executions
 
 console = Console(stderr=True)
 

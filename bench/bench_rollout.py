@@ -28,14 +28,14 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from sapwood.demo.config import DemoConfig
+from sapwood.demo.tasks import KeyRecallEnv
+from sapwood.demo.worker import ExecutionReport, run_execution
 from sapwood.learner.model import TinyActorCritic
 from sapwood.platform.store import Store
-from sapwood.rollout.demo import DemoConfig
-from sapwood.rollout.engines import LocalTorchEngine
 from sapwood.rollout.recorder import Recorder
-from sapwood.rollout.tasks import KeyRecallEnv
+from sapwood.rollout.torch_engine import LocalTorchEngine
 from sapwood.rollout.transports import InProcessTransport, MemoryTransport, Transport
-from sapwood.rollout.worker import ExecutionReport, run_execution
 
 console = Console(stderr=True)
 

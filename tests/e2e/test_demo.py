@@ -19,12 +19,13 @@ import sqlalchemy as sa
 import torch
 from typer.testing import CliRunner
 
+from sapwood.demo.config import DemoConfig, DemoResult
+from sapwood.demo.driver import run_demo
+from sapwood.demo.pretrain import PretrainConfig
 from sapwood.learner.batch import SUMMARY
 from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
-from sapwood.rollout.demo import DemoConfig, DemoResult, run_demo
-from sapwood.rollout.pretrain import PretrainConfig
 
 #: Short but long enough to learn: ~250 rollouts after a brief pre-training (seed fixed).
 EMBEDDED = DemoConfig(seed=0, executions=256, eval_executions=32, max_seconds=150, keep_calls=True)

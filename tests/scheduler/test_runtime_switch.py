@@ -176,9 +176,9 @@ def test_store_writer_records_an_execution_lost_before_it_started(tmp_path) -> N
 def test_routed_engine_refuses_an_answer_for_other_input_ids() -> None:
     import numpy as np
 
+    from sapwood.demo.elastic.executions import RoutedEngine
     from sapwood.rollout.engines import EngineError, SamplingParams
     from sapwood.scheduler.runtime.cell import input_digest
-    from sapwood.scheduler.runtime.execution import RoutedEngine
 
     assert input_digest([1, 2, 3]) == input_digest([1, 2, 3]) != input_digest([1, 2, 4])
 

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from sapwood.demo.elastic.executions import ExecutionOutcome, run_executions
+from sapwood.demo.tasks import KeyRecallConfig, KeyRecallEnv, KeyTask
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
-from sapwood.rollout.tasks import KeyRecallConfig, KeyRecallEnv, KeyTask
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime
-from sapwood.scheduler.runtime.execution import ExecutionOutcome, run_executions
 
 TASK = KeyRecallConfig(min_key=4, max_key=6, max_turns=10, context_limit=48, max_summary_tokens=7, fork_prob=0.0)
 

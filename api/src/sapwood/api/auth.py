@@ -19,12 +19,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from sapwood.api.errors import AuthenticationError, PermissionDeniedError
-from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
+from sapwood.platform.storage.api_keys import api_key_store
 from sapwood.platform.store import translate_errors
 
 SCOPES = ("read", "write", "admin")
@@ -64,7 +63,7 @@ def create_key(conn: Connection, name: str, scopes: str | Iterable[str]) -> tupl
     secret = secrets.token_urlsafe(32)
     row = {"key_id": key_id, "name": name, "secret_hash": hash_secret(secret), "scopes": " ".join(scope_list),
            "created_at": time.time(), "revoked": False}
-    conn.execute(t.api_keys.insert().values(**row))
+    api_key_store(conn).insert(conn, row)
     return f"{key_id}.{secret}", public_record(row)
 
 
@@ -76,8 +75,7 @@ def public_record(row: Any) -> dict[str, Any]:
 
 
 def list_keys(conn: Connection) -> list[dict[str, Any]]:
-    rows = conn.execute(sa.select(t.api_keys).order_by(t.api_keys.c.created_at, t.api_keys.c.key_id)).mappings()
-    return [public_record(r) for r in rows]
+    return [public_record(r) for r in api_key_store(conn).all(conn)]
 
 
 def revoke_key(conn: Connection, key_id: str) -> dict[str, Any]:
@@ -87,18 +85,15 @@ def revoke_key(conn: Connection, key_id: str) -> dict[str, Any]:
     The active keys are read ``FOR UPDATE`` on PostgreSQL (on SQLite the API's write transaction
     holds the database's write lock), so two admins revoking each other cannot both succeed.
     """
-    k = t.api_keys.c
-    active = sa.select(k.key_id, k.scopes).where(k.revoked == sa.false())
-    if conn.dialect.name == "postgresql":
-        active = active.with_for_update()
-    admins = {r.key_id for r in conn.execute(active) if "admin" in r.scopes.split()}
-    row = conn.execute(sa.select(t.api_keys).where(k.key_id == key_id)).mappings().first()
+    keys = api_key_store(conn)
+    admins = {kid for kid, scopes in keys.active_for_update(conn) if "admin" in scopes.split()}
+    row = keys.get(conn, key_id)
     if row is None:
         raise UnknownParentError(f"API key {key_id!r} does not exist")
     if admins == {key_id}:
         raise ConflictError(f"API key {key_id} is the last active admin key; create another admin key "
                             "before revoking it")
-    conn.execute(t.api_keys.update().where(t.api_keys.c.key_id == key_id).values(revoked=True))
+    keys.revoke(conn, key_id)
     return {**public_record(row), "revoked": True}
 
 
@@ -125,6 +120,7 @@ class KeyVerifier:
 
     def __init__(self, engine: Engine, *, ttl_s: float = 5.0, max_entries: int = 10_000) -> None:
         self.engine = engine
+        self.keys = api_key_store(engine)
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
@@ -142,7 +138,7 @@ class KeyVerifier:
     def lookup(self, key_id: str) -> KeyRecord | None:
         """Read ``key_id`` from the store (blocking) and cache the result."""
         with translate_errors(), self.engine.begin() as conn:  # COMMIT keeps psycopg's prepared statements
-            row = conn.execute(sa.select(t.api_keys).where(t.api_keys.c.key_id == key_id)).mappings().first()
+            row = self.keys.get(conn, key_id)
         record = None if row is None else KeyRecord(bytes(row["secret_hash"]), row["name"],
                                                     frozenset(row["scopes"].split()), bool(row["revoked"]))
         with self._lock:

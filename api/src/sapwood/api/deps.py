@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -24,6 +25,7 @@ from sapwood.api.tokenizer import Tokenizer
 from sapwood.api.versions import VersionReader
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.storage.transactions import Transactions, transactions
 from sapwood.platform.store import Store, translate_errors
 
 
@@ -40,6 +42,11 @@ class Services:
     versions: VersionReader
     paths: PathCache
     cursors: Cursors
+
+    @functools.cached_property
+    def modes(self) -> Transactions:
+        """How this store's backend gives snapshot reads and serialized writes."""
+        return transactions(self.store.engine)
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
@@ -58,9 +65,7 @@ class Services:
     def snapshot(self) -> Iterator[Connection]:
         """A connection for reads whose statements all see one snapshot (REPEATABLE READ on PostgreSQL)."""
         with translate_errors(), self.store.engine.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            yield conn
+            yield self.modes.snapshot(conn)
             conn.commit()  # see read()
 
     @contextlib.contextmanager
@@ -72,8 +77,7 @@ class Services:
         threads and worker processes, as row locks serialize them on PostgreSQL.
         """
         with translate_errors(), self.store.engine.begin() as conn:
-            if conn.dialect.name == "sqlite":
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            self.modes.begin_write(conn)
             yield conn
 
 

@@ -49,19 +49,15 @@ from starlette.concurrency import run_in_threadpool
 
 from sapwood.api.queries.trees import execution_version
 from sapwood.platform.errors import StoreError, StoreUnavailableError, UnknownParentError
+from sapwood.platform.storage.postgres.execution_versions import CHANNEL as CHANNEL  # re-exported
+from sapwood.platform.storage.postgres.execution_versions import HAS_TRIGGER_SQL, LAST_SEQ_SQL, native_async_postgres
+from sapwood.platform.storage.postgres.execution_versions import TRIGGER as TRIGGER  # re-exported
 from sapwood.platform.uuids import canonical_uuid
 
 log = logging.getLogger(__name__)
 
-#: The notification channel of migration 0003's trigger; payload ``"<execution_id> <last_seq>"``.
-CHANNEL = "sapwood_execution_versions"
-#: The trigger on ``executions`` that sends them.
-TRIGGER = "executions_notify_version"
 #: ``application_name`` of the listening connection (visible in ``pg_stat_activity``).
 LISTENER_NAME = "sapwood-api-versions"
-
-_QUERY = "SELECT last_seq FROM executions WHERE execution_id = %s"
-_HAS_TRIGGER = "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = %s AND tgrelid = 'executions'::regclass)"
 
 
 class VersionMap:
@@ -140,7 +136,7 @@ class VersionReader:
         self.statement_timeout_ms = statement_timeout_ms
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.native = engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+        self.native = native_async_postgres(engine)
         self.push = push and self.native
         self.map = VersionMap(max_entries)
         self.heartbeat_s = heartbeat_s
@@ -208,7 +204,7 @@ class VersionReader:
             except psycopg.Error as exc:
                 raise StoreUnavailableError(f"database unavailable: {exc}") from exc
             try:
-                cur = await conn.execute(_QUERY, (uuid.UUID(execution_id),))
+                cur = await conn.execute(LAST_SEQ_SQL, (uuid.UUID(execution_id),))
                 row = await cur.fetchone()
                 break
             except psycopg.Error as exc:
@@ -282,7 +278,7 @@ class VersionReader:
     async def _alive(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Heartbeat: the connection answers (within the heartbeat period) and the trigger exists."""
         async with asyncio.timeout(self.heartbeat_s):
-            cur = await conn.execute(_HAS_TRIGGER, (TRIGGER,))
+            cur = await conn.execute(HAS_TRIGGER_SQL, (TRIGGER,))
             row = await cur.fetchone()
         return bool(row and row[0])
 

@@ -30,7 +30,6 @@ def learn(
     backend_name: Annotated[str, typer.Option("--backend", help="learner backend: torch | megatron")] = "torch",
 ) -> None:
     """Claim Jmax-bounded batches of RUN exactly once, train CompactionRL + SAO steps, publish versions."""
-    import sqlalchemy as sa
     import torch
     from rich.progress import Progress
 
@@ -41,9 +40,9 @@ def learn(
     from sapwood.learner.source import SourceConfig
     from sapwood.learner.trainer import SAOTrainer
     from sapwood.platform import runs
-    from sapwood.platform import schema as t
     from sapwood.platform.errors import UnknownParentError
     from sapwood.platform.settings import Settings
+    from sapwood.platform.storage.learner_reads import largest_vocab_size
     from sapwood.platform.store import Store
 
     if backend_name not in BACKENDS:
@@ -58,7 +57,7 @@ def learn(
                 raise typer.BadParameter(f"run {run!r} does not exist; pass --source-run to create it") from None
             runs.create_run(conn, run, runs.ExecutionFilter(run_id=source_run), kind="live")
         if vocab_size is None:
-            vocab_size = conn.execute(sa.select(sa.func.max(t.executions.c.vocab_size))).scalar()
+            vocab_size = largest_vocab_size(conn)
     if not vocab_size:
         raise typer.BadParameter("no vocab_size recorded; pass --vocab-size")
     config = LearnerConfig(jmax=jmax)

@@ -6,25 +6,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 import torch
 
 from sapwood.learner.model import PolicyBackend
 from sapwood.learner.source import BatchSource, ClaimedBatch, SourceConfig
 from sapwood.learner.trainer import SAOTrainer
-from sapwood.platform import schema as t
 from sapwood.platform.events import PolicyPublished
+from sapwood.platform.storage.learner_reads import latest_policy as read_latest_policy
 from sapwood.platform.store import Store
 
 
 def latest_policy(store: Store, run_id: str) -> tuple[int, str] | None:
     """(version, checkpoint path) of the newest policy published for ``run_id``, or None."""
-    pv = t.policy_versions.c
     with store.transaction() as conn:
-        row = conn.execute(
-            sa.select(pv.version, pv.checkpoint).where(pv.run_id == run_id).order_by(pv.version.desc()).limit(1)
-        ).first()
-    return (int(row.version), str(row.checkpoint)) if row else None
+        return read_latest_policy(conn, run_id)
 
 
 class Learner:

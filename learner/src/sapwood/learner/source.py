@@ -106,18 +106,9 @@ class BatchSource:
             )
 
     def renew(self, execution_ids: list[str]) -> bool:
-        ri = t.run_items.c
+        """Extend the lease of ``execution_ids``; False if this learner no longer holds every one."""
         with self.store.transaction() as conn:
-            n = conn.execute(
-                t.run_items.update()
-                .where(
-                    ri.run_id == self.run_id,
-                    ri.execution_id.in_(execution_ids),
-                    ri.state == "claimed",
-                    ri.claimed_by == self.learner_id,
-                )
-                .values(lease_until=time.time() + self.config.lease_s)
-            ).rowcount
+            n = runs.renew(conn, self.run_id, self.learner_id, execution_ids, lease_s=self.config.lease_s)
         return n == len(execution_ids)
 
     def complete(self, execution_ids: list[str]) -> list[str]:

@@ -117,13 +117,35 @@ def _print_stats(s: dict[str, object]) -> None:
     console.print(table)
 
 
-# Component commands (ingest, learn, serve, demo, ...) register themselves when installed.
-for _component in ("ingest", "rollout", "learner", "scheduler", "api"):
+#: Per component whose package needs an extra's packages to import: (extra, its top-level commands).
+_EXTRA_COMMANDS = {"learner": ("learner", ("learn",)), "scheduler": ("scheduler", ("scheduler",)),
+                   "api": ("api", ("serve", "keys")), "demo": ("demo", ("demo",))}
+
+
+def _needs_extra(command: str, extra: str, missing: str) -> None:
+    """Register ``command`` as a stub that says which extra to install (its component could not be imported)."""
+
+    @app.command(command, hidden=True, add_help_option=False,
+                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def _stub() -> None:
+        console.print(f"[red]error:[/] `sapwood {command}` needs {missing}, which this installation lacks: "
+                      f"install sapwood\\[{extra}] (pip install 'sapwood\\[{extra}]')")
+        raise typer.Exit(1)
+
+
+# Component commands (ingest, learn, serve, demo, ...) register themselves when installed; a component
+# whose extra is not installed gets stubs naming that extra.
+for _component in ("ingest", "learner", "scheduler", "api", "demo"):
     try:
         _mod = importlib.import_module(f"sapwood.{_component}.cli")
     except ModuleNotFoundError as _exc:
-        if _exc.name != f"sapwood.{_component}.cli":
+        if _exc.name == f"sapwood.{_component}.cli":
+            continue
+        if (_exc.name or "sapwood").split(".")[0] == "sapwood" or _component not in _EXTRA_COMMANDS:
             raise
+        _extra, _commands = _EXTRA_COMMANDS[_component]
+        for _command in _commands:
+            _needs_extra(_command, _extra, _exc.name or "a package")
         continue
     _mod.register(app)
 

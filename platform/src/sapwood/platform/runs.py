@@ -6,24 +6,26 @@ same executions, same order). A *live* run keeps adding newly finished execution
 Learners claim pending items (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) under a lease; a
 crashed learner's items become claimable again when the lease expires; an item is marked
 done only by the learner that still holds it, so nothing is trained twice in a run.
+
+This module validates and keeps the public functions; the SQL is the run queue's
+(:mod:`sapwood.platform.storage.runs`, one implementation per dialect).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
 import time
 from typing import Annotated, Any, Literal
 
-import sqlalchemy as sa
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from sapwood.platform import schema as t
-from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
+from sapwood.platform.errors import UnknownParentError, ValidationError
+from sapwood.platform.storage.runs import FINISHED as FINISHED  # re-exported: what a run queues
+from sapwood.platform.storage.runs import run_queue
+from sapwood.platform.storage.runs_sql import execution_condition
 
 
 def _json_int(value: Any) -> Any:
@@ -74,33 +76,9 @@ class ExecutionFilter(BaseModel):
 
     def where(self) -> Any:
         """SQL condition on the ``executions`` table (bound parameters only)."""
-        c = t.executions.c
-        conds: list[Any] = []
-        if self.run_id is not None:
-            conds.append(c.run_id == self.run_id)
-        if self.task_id is not None:
-            conds.append(c.task_id == self.task_id)
-        if self.task_family is not None:
-            conds.append(c.task_family == self.task_family)
-        if self.status:
-            conds.append(c.status.in_(self.status))
-        if self.min_policy_version is not None:
-            conds.append(c.max_policy_version >= self.min_policy_version)
-        if self.max_policy_version is not None:
-            conds.append(c.max_policy_version <= self.max_policy_version)
-        score = sa.func.coalesce(c.reward, c.score)
-        if self.min_score is not None:
-            conds.append(score >= self.min_score)
-        if self.max_score is not None:
-            conds.append(score <= self.max_score)
-        if self.started_after is not None:
-            conds.append(c.started_at >= self.started_after)
-        if self.started_before is not None:
-            conds.append(c.started_at < self.started_before)
-        return sa.and_(sa.true(), *conds)
+        return execution_condition(self)
 
 
-FINISHED = ("success", "timeout", "error")
 
 #: Run ids: 1-128 characters of ``A-Z a-z 0-9 . _ : @ -``, starting with a letter or digit. No ``/``
 #: (an id must be one URL path segment: ``/v1/runs/{run_id}`` and ``/v1/runs/{run_id}/items``).
@@ -152,11 +130,6 @@ def check_storable_json(value: Any, where: str, *, max_depth: int = CONFIG_MAX_D
         raise ValidationError(f"{where}: {size} bytes of JSON, at most {max_bytes}")
 
 
-def _order_key(seed: int, execution_id: str) -> int:
-    digest = hashlib.blake2b(f"{seed}:{execution_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1  # fits a signed BIGINT
-
-
 def create_run(
     conn: Connection,
     run_id: str,
@@ -173,106 +146,46 @@ def create_run(
     check_run_id(run_id)
     check_storable_json(config or {}, "config")
     check_storable_json(description, "description")
-    exists = conn.execute(sa.select(t.runs.c.run_id).where(t.runs.c.run_id == run_id)).first()
-    if exists:
-        raise ConflictError(f"run {run_id!r} already exists")
-    conn.execute(t.runs.insert().values(run_id=run_id, kind=kind, filter=flt.model_dump(exclude_none=True),
-                                        seed=seed, config=config or {}, description=description,
-                                        created_at=time.time()))
+    run_queue(conn).create(conn, run_id, kind=kind, filter_json=flt.model_dump(exclude_none=True), seed=seed,
+                           config=config or {}, description=description, created_at=time.time())
     return sync_run(conn, run_id) if kind == "replay" else 0
 
 
 def get_run(conn: Connection, run_id: str) -> dict[str, Any]:
-    row = conn.execute(sa.select(t.runs).where(t.runs.c.run_id == run_id)).mappings().first()
+    """The run's row; :class:`UnknownParentError` if there is no such run."""
+    row = run_queue(conn).get(conn, run_id)
     if row is None:
         raise UnknownParentError(f"run {run_id!r} does not exist")
-    return dict(row)
+    return row
 
 
 def sync_run(conn: Connection, run_id: str) -> int:
     """Queue finished executions matching the run's filter that are not queued yet; return how many."""
     run = get_run(conn, run_id)
     flt = ExecutionFilter.model_validate(run["filter"])
-    c = t.executions.c
-    q = sa.select(c.execution_id).where(flt.where(), c.status.in_(FINISHED))
-    if run["kind"] == "replay":
-        q = q.order_by(c.execution_id)
-    else:
-        q = q.order_by(c.finished_at, c.execution_id)
-    queued = {r[0] for r in conn.execute(sa.select(t.run_items.c.execution_id).where(t.run_items.c.run_id == run_id))}
-    rows = []
-    now_key = int(time.time() * 1e6)
-    for i, (eid,) in enumerate(conn.execute(q)):
-        if eid in queued:
-            continue
-        key = _order_key(run["seed"], eid) if run["kind"] == "replay" else now_key + i
-        rows.append({"run_id": run_id, "execution_id": eid, "order_key": key, "state": "pending",
-                     "claimed_by": None, "lease_until": None, "attempts": 0, "done_at": None})
-    if rows:
-        dialect = conn.dialect.name
-        ins = (postgresql.insert(t.run_items) if dialect == "postgresql" else sqlite.insert(t.run_items))
-        conn.execute(ins.on_conflict_do_nothing(index_elements=["run_id", "execution_id"]), rows)
-    return len(rows)
+    return run_queue(conn).snapshot(conn, run_id, flt, kind=run["kind"], seed=run["seed"])
 
 
 def claim(conn: Connection, run_id: str, learner_id: str, limit: int, *, lease_s: float = 300.0) -> list[str]:
     """Claim up to ``limit`` items of ``run_id`` for ``learner_id`` (in run order); return execution ids."""
-    now = time.time()
-    ri = t.run_items.c
-    q = (
-        sa.select(ri.execution_id)
-        .where(ri.run_id == run_id,
-               sa.or_(ri.state == "pending", sa.and_(ri.state == "claimed", ri.lease_until < now)))
-        .order_by(ri.order_key)
-        .limit(limit)
-    )
-    if conn.dialect.name == "postgresql":
-        q = q.with_for_update(skip_locked=True)
-    ids = [r[0] for r in conn.execute(q)]
-    if not ids:
-        return []
-    # The UPDATE re-checks availability, so a concurrent claimer (SQLite has no SKIP LOCKED)
-    # cannot take the same item: only rows still available get this learner's stamp.
-    stamp = now + lease_s
-    available = sa.or_(ri.state == "pending", sa.and_(ri.state == "claimed", ri.lease_until < now))
-    conn.execute(
-        t.run_items.update()
-        .where(ri.run_id == run_id, ri.execution_id.in_(ids), available)
-        .values(state="claimed", claimed_by=learner_id, lease_until=stamp, attempts=ri.attempts + 1)
-    )
-    got = {r[0] for r in conn.execute(sa.select(ri.execution_id).where(
-        ri.run_id == run_id, ri.execution_id.in_(ids), ri.claimed_by == learner_id, ri.lease_until == stamp))}
-    return [e for e in ids if e in got]
+    return run_queue(conn).claim(conn, run_id, learner_id, limit, lease_s=lease_s)
+
+
+def renew(conn: Connection, run_id: str, learner_id: str, execution_ids: list[str], *, lease_s: float = 300.0) -> int:
+    """Extend the leases ``learner_id`` still holds among ``execution_ids`` by ``lease_s`` from now; how many."""
+    return run_queue(conn).renew(conn, run_id, learner_id, execution_ids, lease_s=lease_s)
 
 
 def complete(conn: Connection, run_id: str, learner_id: str, execution_ids: list[str]) -> list[str]:
     """Mark items done if ``learner_id`` still holds them; return the ids it no longer holds (taken over)."""
-    ri = t.run_items.c
-    held_q = sa.select(ri.execution_id).where(
-        ri.run_id == run_id, ri.execution_id.in_(execution_ids), ri.state == "claimed", ri.claimed_by == learner_id
-    )
-    if conn.dialect.name == "postgresql":
-        held_q = held_q.with_for_update()
-    held = {r[0] for r in conn.execute(held_q)}
-    if held:
-        conn.execute(t.run_items.update().where(ri.run_id == run_id, ri.execution_id.in_(sorted(held)))
-                     .values(state="done", done_at=time.time(), lease_until=None))
-    return [e for e in execution_ids if e not in held]
+    return run_queue(conn).complete(conn, run_id, learner_id, execution_ids)
 
 
 def release(conn: Connection, run_id: str, learner_id: str, execution_ids: list[str]) -> None:
     """Give claimed items back (e.g. a batch failed before training)."""
-    ri = t.run_items.c
-    conn.execute(t.run_items.update()
-                 .where(ri.run_id == run_id, ri.execution_id.in_(execution_ids), ri.claimed_by == learner_id,
-                        ri.state == "claimed")
-                 .values(state="pending", claimed_by=None, lease_until=None))
+    run_queue(conn).release(conn, run_id, learner_id, execution_ids)
 
 
 def run_progress(conn: Connection, run_id: str) -> dict[str, int]:
     """Items per state for ``run_id``."""
-    ri = t.run_items.c
-    rows = conn.execute(sa.select(ri.state, sa.func.count()).where(ri.run_id == run_id).group_by(ri.state))
-    out = {"pending": 0, "claimed": 0, "done": 0}
-    out.update({s: int(n) for s, n in rows})
-    return out
+    return run_queue(conn).progress(conn, run_id)

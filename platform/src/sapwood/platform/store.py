@@ -25,6 +25,7 @@ from sapwood.platform.errors import (
 )
 from sapwood.platform.events import Event
 from sapwood.platform.projection import projection_hash, rebuild_projections
+from sapwood.platform.runs import FINISHED
 from sapwood.platform.spans import call_input, load_spans, path_tokens
 from sapwood.platform.tokens import FloatArray, TokenArray, unpack_logprobs, unpack_tokens
 
@@ -222,6 +223,13 @@ class Store:
             "span_rows": int(span_rows),
             "span_bytes": int(span_bytes),
         }
+
+    def finished_executions(self, run_id: str) -> int:
+        """How many executions of ``run_id`` have finished (status success, timeout or error)."""
+        c = t.executions.c
+        with self.transaction() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).where(
+                c.run_id == run_id, c.status.in_(FINISHED))).scalar_one())
 
     def token_array(self, digest: bytes) -> np.ndarray:
         with self.transaction() as conn:

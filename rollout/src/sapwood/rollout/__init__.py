@@ -1,4 +1,9 @@
-"""sapwood.rollout: what rollout workers run — the TITO recorder and its transports."""
+"""sapwood.rollout: what rollout workers run — the TITO recorder and its transports (the recorder SDK).
+
+The SDK (``recorder``, ``transports``, ``engines``) needs only the base install: no torch, no
+learner. ``torch_engine`` (``LocalTorchEngine`` on the learner's tiny model, extra ``rollout``) is
+not imported here.
+"""
 
 from sapwood.rollout.recorder import ExecutionRecorder, NodeRef, Recorder
 from sapwood.rollout.transports import (

@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.platform import schema as t
-from sapwood.platform.runs import FINISHED, ExecutionFilter
+import sapwood.platform.storage.scheduler_signals as signal_reads
+from sapwood.platform.storage.cells import cells as stored_cells
+from sapwood.platform.storage.scheduler_signals import in_flight as in_flight  # re-exported: one signal as stored
+from sapwood.platform.storage.scheduler_signals import throughput as throughput
 from sapwood.scheduler.signals import CellState, PartitionLag, RunBacklog, Signals
-
-_e = t.executions.c
-_ri = t.run_items.c
 
 
 class KafkaLag:
@@ -58,9 +57,7 @@ class KafkaLag:
         return {tp.partition: int(o.offset) for tp, o in got.items()}
 
     def stored(self, conn: Connection) -> dict[int, int]:
-        c = t.consumer_offsets.c
-        return {int(p): int(o) for p, o in conn.execute(
-            sa.select(c.partition, c.next_offset).where(c.group_id == self.group, c.topic == self.topic))}
+        return signal_reads.stored_offsets(conn, self.group, self.topic)
 
     def combine(self, ends: dict[int, int], stored: dict[int, int]) -> tuple[PartitionLag, ...]:
         return tuple(PartitionLag(self.topic, p, end, stored.get(p, 0)) for p, end in sorted(ends.items()))
@@ -75,63 +72,24 @@ class KafkaLag:
 def backlog(conn: Connection, now: float) -> tuple[tuple[RunBacklog, ...], int]:
     """Finished-but-unclaimed executions and their output tokens per live run, and the largest staleness."""
     out, stale = [], 0
-    for run in conn.execute(sa.select(t.runs).where(t.runs.c.kind == "live").order_by(t.runs.c.run_id)).mappings():
-        flt = ExecutionFilter.model_validate(run["filter"])
-        unheld = sa.or_(_ri.execution_id.is_(None), _ri.state == "pending",
-                        sa.and_(_ri.state == "claimed", _ri.lease_until < now))
-        join = t.executions.outerjoin(t.run_items, sa.and_(_ri.run_id == run["run_id"],
-                                                           _ri.execution_id == _e.execution_id))
-        publish = (run["config"] or {}).get("publish_run_id", run["run_id"])
-        latest_q = (sa.select(sa.func.max(t.policy_versions.c.version))
-                    .where(t.policy_versions.c.run_id == publish).scalar_subquery())
-        q = (sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_e.n_output_tokens), 0),
-                       sa.func.min(_e.max_policy_version), latest_q)
-             .select_from(join)
-             .where(flt.where(), _e.status.in_(FINISHED), unheld))
-        n, tokens, oldest, latest = conn.execute(q).one()
-        out.append(RunBacklog(run["run_id"], int(n), int(tokens)))
-        if oldest is not None and latest is not None:
-            stale = max(stale, int(latest) - int(oldest))
+    for b in signal_reads.live_run_backlogs(conn, now):
+        out.append(RunBacklog(b.run_id, b.executions, b.output_tokens))
+        if b.oldest_policy_version is not None and b.latest_published is not None:
+            stale = max(stale, b.latest_published - b.oldest_policy_version)
     return tuple(out), stale
 
 
-def in_flight(conn: Connection, now: float) -> tuple[int, float]:
-    n, oldest = conn.execute(sa.select(sa.func.count(), sa.func.min(_e.started_at))
-                             .where(_e.status == "running")).one()
-    return int(n), (now - float(oldest)) if oldest is not None else 0.0
-
-
-def throughput(conn: Connection, now: float, window_s: float) -> dict[str, float]:
-    """Rollout completions/s and tokens/s, the median duration of the last 256 finished, learner tokens/s."""
-    since = now - window_s
-    n, tokens = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_e.n_output_tokens), 0))
-                             .where(_e.finished_at >= since)).one()
-    recent = conn.execute(sa.select(_e.finished_at - _e.started_at).where(_e.finished_at.is_not(None))
-                          .order_by(_e.finished_at.desc()).limit(256)).scalars().all()
-    trained = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_e.n_output_tokens), 0))
-                           .select_from(t.run_items.join(t.executions, _e.execution_id == _ri.execution_id))
-                           .where(_ri.state == "done", _ri.done_at >= since)).scalar_one()
-    active = conn.execute(sa.select(sa.func.count()).select_from(t.run_items)
-                          .where(_ri.state == "claimed", _ri.lease_until >= now)).scalar_one()
-    return {"completions_per_s": int(n) / window_s, "tokens_per_s": int(tokens) / window_s,
-            "p50_s": float(statistics.median(recent)) if recent else 0.0,
-            "learner_tokens_per_s": int(trained) / window_s, "train_active": float(active > 0)}
-
-
 def cells(conn: Connection, now: float, lost_after_s: float) -> tuple[CellState, ...]:
-    rows = conn.execute(sa.select(t.cells).order_by(t.cells.c.cell_id)).mappings().all()
     return tuple(CellState(r["cell_id"], r["tier"], int(r["capacity"]), r["role"], float(r["role_since"]),
                            float(r["last_heartbeat_at"]), now - float(r["last_heartbeat_at"]) > lost_after_s)
-                 for r in rows)
+                 for r in stored_cells(conn))
 
 
 def switch_cost_mean(conn: Connection, last: int = 64) -> float:
     """Mean duration of the recent switches: phases summed per (cell, target role) run of consecutive rows."""
-    c = t.switch_phases.c
-    rows = conn.execute(sa.select(c.cell_id, c.role, c.duration_s).order_by(c.at.desc(), c.event_id).limit(last)).all()
     totals: dict[tuple[str, str], float] = {}
-    for cell_id, role, d in rows:
-        totals[(cell_id, role)] = totals.get((cell_id, role), 0.0) + float(d)
+    for cell_id, role, d in signal_reads.recent_switch_phases(conn, last):
+        totals[(cell_id, role)] = totals.get((cell_id, role), 0.0) + d
     return statistics.fmean(totals.values()) if totals else 0.0
 
 

@@ -1,11 +1,11 @@
 """A cell: one Ray actor with a capacity and a role (rollout | train | idle).
 
 In the rollout role the cell serves engine calls with the local torch engine
-(:class:`~sapwood.rollout.engines.LocalTorchEngine`: the learner's ``TinyActorCritic`` on CPU), at
+(:class:`~sapwood.rollout.torch_engine.LocalTorchEngine`: the learner's ``TinyActorCritic`` on CPU), at
 most ``capacity`` at a time, token by token so that a call can be aborted between two tokens. A
 draining cell refuses new calls; an aborted call answers ``aborted`` and its partial output is
 discarded (see :meth:`Cell.abort_inflight` for why). The cell holds no execution state: agent loops
-and environments live in their own actors (:mod:`~sapwood.scheduler.runtime.execution`).
+and environments live in their own actors (:mod:`~sapwood.demo.elastic.executions`).
 
 ``decode_delay_s`` adds a sleep after each generated token (× the call's ``decode_scale``), standing in
 for a larger model's per-token latency on a CPU where the tiny model decodes in microseconds (0 in
@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from sapwood.rollout.engines import LocalTorchEngine, SamplingParams, _sampling_logprobs, load_model_state
+from sapwood.rollout.engines import SamplingParams, load_model_state
+from sapwood.rollout.torch_engine import LocalTorchEngine, sampling_logprobs
 
 __all__ = ["Cell", "input_digest", "params_from_dict"]
 
@@ -121,7 +122,7 @@ class Cell:
                         self.prefix_hits += 1
                     if i == 0:
                         prefill_s = time.perf_counter() - t_step
-                    logp = _sampling_logprobs(logits, sp.temperature, sp.top_p)
+                    logp = sampling_logprobs(logits, sp.temperature, sp.top_p)
                     token = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
                 out.append(token)
                 lps.append(float(logp[token]))

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from sapwood.demo.config import DemoConfig, DemoResult, ProgressHook
+from sapwood.demo.driver import run_demo
+from sapwood.demo.tasks import KeyRecallConfig
 from sapwood.platform.errors import ValidationError
-from sapwood.rollout.demo import DemoConfig, DemoResult, ProgressHook, run_demo
-from sapwood.rollout.tasks import KeyRecallConfig
 
 __all__ = ["ABLATIONS", "ARMS", "SOURCE_FIGURES", "ablation_verdicts", "fork_task", "run_ablation", "segment_task"]
 

@@ -1,7 +1,7 @@
 """Executions in their own actors: the agent loop and its environment never live in a cell.
 
 :class:`ExecutionActor` plays one key-recall execution with the ordinary
-:func:`~sapwood.rollout.worker.run_execution`, through a :class:`RoutedEngine` whose calls go to the
+:func:`~sapwood.demo.worker.run_execution`, through a :class:`RoutedEngine` whose calls go to the
 :class:`~sapwood.scheduler.runtime.router.Router`; events go to the store through the
 :class:`~sapwood.scheduler.runtime.store_writer.RayStoreTransport`. A role switch of any cell only
 moves where the next engine call runs: the environment's state (its step counter) carries on.
@@ -22,10 +22,10 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
+from sapwood.demo.tasks import BranchState, KeyRecallConfig, KeyRecallEnv, KeyTask
+from sapwood.demo.worker import run_execution
 from sapwood.rollout.engines import Engine, EngineError, Generation, SamplingParams
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
-from sapwood.rollout.tasks import BranchState, KeyRecallConfig, KeyRecallEnv, KeyTask
-from sapwood.rollout.worker import run_execution
 from sapwood.scheduler.runtime.cell import input_digest
 from sapwood.scheduler.runtime.store_writer import RayStoreTransport
 

@@ -10,13 +10,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from sapwood.learner.batch import SUMMARY
-from sapwood.learner.source import SourceConfig, build_batch
-from sapwood.platform import schema as t
-from sapwood.platform.store import Store
-from sapwood.rollout.engines import Engine, Generation, SamplingParams
-from sapwood.rollout.recorder import Recorder
-from sapwood.rollout.tasks import (
+from sapwood.demo.tasks import (
     FORK,
     INVALID,
     KEY_OPEN,
@@ -29,8 +23,14 @@ from sapwood.rollout.tasks import (
     KeyRecallConfig,
     KeyRecallEnv,
 )
+from sapwood.demo.worker import ExecutionReport, RolloutWorker, run_execution
+from sapwood.learner.batch import SUMMARY
+from sapwood.learner.source import SourceConfig, build_batch
+from sapwood.platform import schema as t
+from sapwood.platform.store import Store
+from sapwood.rollout.engines import Engine, Generation, SamplingParams
+from sapwood.rollout.recorder import Recorder
 from sapwood.rollout.transports import InProcessTransport
-from sapwood.rollout.worker import ExecutionReport, RolloutWorker, run_execution
 
 
 class ContextReader(Engine):

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from sapwood.rollout.ablations import ABLATIONS, ARMS, SEGMENT_TASK
-from sapwood.rollout.demo import DemoConfig
-from sapwood.rollout.pretrain import PretrainConfig
-from sapwood.rollout.tasks import FORK, DemoNoise, KeyRecallEnv, teacher_action, teacher_summary
+from sapwood.demo.ablations import ABLATIONS, ARMS, SEGMENT_TASK
+from sapwood.demo.config import DemoConfig
+from sapwood.demo.pretrain import PretrainConfig
+from sapwood.demo.tasks import FORK, DemoNoise, KeyRecallEnv, teacher_action, teacher_summary
 
 
 def test_every_ablation_names_known_arms_and_arms_keep_the_callers_settings() -> None:

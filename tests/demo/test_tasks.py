@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sapwood.platform.errors import ValidationError
-from sapwood.rollout.tasks import (
+from sapwood.demo.tasks import (
     BOS,
     CONT,
     FORK,
@@ -30,6 +29,7 @@ from sapwood.rollout.tasks import (
     teacher_action,
     teacher_summary,
 )
+from sapwood.platform.errors import ValidationError
 
 CLEAN = DemoNoise(wrong_action=0.0, invalid_action=0.0, summary_substitute=0.0, summary_truncate=0.0)
 
@@ -121,11 +121,11 @@ def test_untrained_policy_does_not_solve_the_task() -> None:
     """A random-init policy emits mostly invalid tokens: reward near 0 (room for learning)."""
     import torch
 
+    from sapwood.demo.worker import run_execution
     from sapwood.learner.model import TinyTransformerConfig
-    from sapwood.rollout.engines import LocalTorchEngine
     from sapwood.rollout.recorder import Recorder
+    from sapwood.rollout.torch_engine import LocalTorchEngine
     from sapwood.rollout.transports import MemoryTransport
-    from sapwood.rollout.worker import run_execution
 
     env = KeyRecallEnv()
     cfg = TinyTransformerConfig(vocab_size=env.config.vocab_size, d_model=64, n_heads=4, n_layers=2, d_ff=128,

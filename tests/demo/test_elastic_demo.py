@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
+from sapwood.demo.elastic.plots import role_segments
 from sapwood.platform.cli import app
-from sapwood.scheduler.runtime.demo_plots import role_segments
 
 
 def test_elastic_demo_rejects_too_few_cells() -> None:

@@ -27,6 +27,11 @@ import numpy as np
 import ray
 import torch
 
+from sapwood.demo.config import DemoConfig
+from sapwood.demo.elastic.executions import ExecutionOutcome, ExecutionPool
+from sapwood.demo.phases import eval_tasks, evaluate, pretrained_policy
+from sapwood.demo.pretrain import PretrainConfig
+from sapwood.demo.tasks import KeyRecallEnv
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TorchBackend
 from sapwood.learner.source import SourceConfig
@@ -34,15 +39,11 @@ from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished
 from sapwood.platform.store import Store
-from sapwood.rollout.demo import DemoConfig, eval_tasks, evaluate, pretrained_policy
-from sapwood.rollout.engines import LocalTorchEngine
-from sapwood.rollout.pretrain import PretrainConfig
 from sapwood.rollout.recorder import Recorder
-from sapwood.rollout.tasks import KeyRecallEnv
+from sapwood.rollout.torch_engine import LocalTorchEngine
 from sapwood.rollout.transports import InProcessTransport
 from sapwood.scheduler.policy import load_policy
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
-from sapwood.scheduler.runtime.execution import ExecutionOutcome, ExecutionPool
 from sapwood.scheduler.signals import CellState, Signals
 
 __all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule"]
@@ -290,7 +291,7 @@ def _eval(cfg: ElasticDemoConfig, state: dict[str, torch.Tensor], version: int, 
 def run_elastic_demo(cfg: ElasticDemoConfig, *, on_tick: Callable[[str, int, int], None] | None = None,
                      ray_address: str | None = None) -> dict[str, Any]:
     """Every schedule on the same seeds; returns the JSON summary (and writes plots into ``out_dir``)."""
-    from sapwood.scheduler.runtime.demo_plots import plot_elastic
+    from sapwood.demo.elastic.plots import plot_elastic
 
     t_start = time.perf_counter()
     out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(tempfile.mkdtemp(prefix="sapwood-elastic-"))

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from sapwood.demo.pretrain import PretrainConfig, demonstration, pack_sequences, pretrain
+from sapwood.demo.tasks import SUM_END, SUM_REQ, DemoNoise, KeyRecallEnv
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
 from sapwood.platform.errors import ValidationError
-from sapwood.rollout.pretrain import PretrainConfig, demonstration, pack_sequences, pretrain
-from sapwood.rollout.tasks import SUM_END, SUM_REQ, DemoNoise, KeyRecallEnv
 
 
 def test_demonstrations_supervise_exactly_the_model_outputs() -> None:

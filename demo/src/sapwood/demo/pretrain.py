@@ -1,8 +1,8 @@
 """Brief supervised pre-training on imperfect demonstrations (the "SFT" start of RL).
 
 Real RL for agents starts from a supervised checkpoint; here the demonstrator is scripted
-(:func:`~sapwood.rollout.tasks.teacher_action`, :func:`~sapwood.rollout.tasks.teacher_summary`)
-and deliberately imperfect (:class:`~sapwood.rollout.tasks.DemoNoise`), and training is short,
+(:func:`~sapwood.demo.tasks.teacher_action`, :func:`~sapwood.demo.tasks.teacher_summary`)
+and deliberately imperfect (:class:`~sapwood.demo.tasks.DemoNoise`), and training is short,
 so the pre-trained policy is clearly better than random yet leaves room for RL.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sapwood.demo.tasks import DemoNoise, KeyRecallEnv, teacher_action, teacher_summary
 from sapwood.learner.model import TinyActorCritic
 from sapwood.platform.errors import ValidationError
-from sapwood.rollout.tasks import DemoNoise, KeyRecallEnv, teacher_action, teacher_summary
 
 __all__ = ["PretrainConfig", "PretrainResult", "demonstration", "pack_sequences", "pretrain"]
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from sapwood.demo.tasks import FORK, INVALID, SUM_END, BranchState, KeyRecallEnv, KeyTask
 from sapwood.platform.events import ModelCall
 from sapwood.rollout.engines import Engine, Generation, SamplingParams
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
-from sapwood.rollout.tasks import FORK, INVALID, SUM_END, BranchState, KeyRecallEnv, KeyTask
 
 __all__ = ["ExecutionReport", "RecordedCall", "RolloutWorker", "run_execution"]
 

@@ -21,7 +21,7 @@ def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None
     """Run every schedule on the same seeds and print the comparison (the JSON line last)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sapwood.scheduler.runtime.demo import ElasticDemoConfig, run_elastic_demo
+    from sapwood.demo.elastic.driver import ElasticDemoConfig, run_elastic_demo
 
     if cells < 2 or executions < 1:
         raise typer.BadParameter(f"--elastic needs --cells ≥ 2 and --elastic-executions ≥ 1, got {cells}, "

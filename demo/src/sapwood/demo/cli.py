@@ -1,7 +1,13 @@
-"""``sapwood demo``: asynchronous single-rollout RL on the key-recall task, recorded in Sapwood."""
+"""``sapwood demo``: asynchronous single-rollout RL on the key-recall task, recorded in Sapwood.
+
+Only typer and rich are imported with this module (the ``sapwood`` CLI registers it on every start);
+the demo itself (torch, matplotlib, the learner) is imported when the command runs, after checking
+that the ``demo`` extra (and for ``--elastic`` the ``ray`` extra) is installed.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
@@ -14,7 +20,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from sapwood.rollout.demo import DemoResult
+    from sapwood.demo.config import DemoResult
 
 console = Console(stderr=True)
 
@@ -55,6 +61,26 @@ _ROWS = [
     ("seconds_async", "async phase seconds"),
     ("seconds_total", "total seconds"),
 ]
+
+#: Third-party packages ``sapwood demo`` needs beyond the base install, with the extra that brings each.
+DEMO_PACKAGES = {"torch": "demo", "matplotlib": "demo"}
+ELASTIC_PACKAGES = {**DEMO_PACKAGES, "ray": "ray"}
+
+
+def require_extras(command: str, packages: dict[str, str]) -> None:
+    """Exit with a clear message naming the extras to install when any of ``packages`` is missing."""
+    missing = []
+    for name in packages:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        extras = ",".join(dict.fromkeys(packages[name] for name in missing))
+        console.print(f"[red]error:[/] `{command}` needs {', '.join(missing)}, which this installation lacks: "
+                      f"install sapwood\\[{extras}] (pip install 'sapwood\\[{extras}]')")
+        raise typer.Exit(1)
+
 
 class _Display:
     """Rich progress bars fed by the demo's progress hook."""
@@ -162,17 +188,20 @@ def demo(
     from dataclasses import replace
 
     if elastic:
-        from sapwood.scheduler.runtime.demo_cli import elastic_demo
+        require_extras("sapwood demo --elastic", ELASTIC_PACKAGES)
+        from sapwood.demo.elastic.cli import elastic_demo
 
         elastic_demo(seed=seed, cells=cells, executions=elastic_executions, out_dir=out_dir, quiet=quiet,
                      ray_address=ray_address, console=console)
         return
+    require_extras("sapwood demo", DEMO_PACKAGES)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from sapwood.demo.ablations import ablation_verdicts, run_ablation
+    from sapwood.demo.config import DemoConfig
+    from sapwood.demo.driver import run_demo
+    from sapwood.demo.pretrain import PretrainConfig
     from sapwood.platform.errors import ValidationError
-    from sapwood.rollout.ablations import ablation_verdicts, run_ablation
-    from sapwood.rollout.demo import DemoConfig, run_demo
-    from sapwood.rollout.pretrain import PretrainConfig
 
     if loss not in ("token", "segment_mean"):
         raise typer.BadParameter("--loss must be 'token' or 'segment_mean'")

@@ -1,0 +1,7 @@
+"""``sapwood demo --elastic``: the demo on the scheduler's elastic Ray runtime (extras ``demo`` and ``ray``).
+
+:mod:`.executions` plays key-recall executions in their own actors (agent loop and environment
+outside the cells) through the runtime's router; :mod:`.driver` runs every schedule on the same
+seeds; :mod:`.plots` draws the role timelines; :mod:`.cli` is the ``--elastic`` branch of the command.
+The runtime itself (cells, router, switch protocol, store writer) is :mod:`sapwood.scheduler.runtime`.
+"""

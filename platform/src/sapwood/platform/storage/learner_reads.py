@@ -1,0 +1,26 @@
+"""What the learner reads besides its batches: the newest published policy and the vocabulary size.
+
+Portable SQL (the same on SQLite and PostgreSQL); the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from sapwood.platform import schema as t
+
+_pv = t.policy_versions.c
+
+
+def latest_policy(conn: Connection, run_id: str) -> tuple[int, str] | None:
+    """(version, checkpoint path) of the newest ``policy_published`` of ``run_id``, or None before the first."""
+    row = conn.execute(sa.select(_pv.version, _pv.checkpoint).where(_pv.run_id == run_id)
+                       .order_by(_pv.version.desc()).limit(1)).first()
+    return (int(row.version), str(row.checkpoint)) if row else None
+
+
+def largest_vocab_size(conn: Connection) -> int | None:
+    """The largest ``vocab_size`` any recorded execution declared, None if none declared one."""
+    value = conn.execute(sa.select(sa.func.max(t.executions.c.vocab_size))).scalar()
+    return None if value is None else int(value)

@@ -1,0 +1,17 @@
+"""Transaction modes on SQLite: reads as they are; writes take the database lock with ``BEGIN IMMEDIATE``."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from sapwood.platform.storage.transactions import Transactions
+
+
+class SQLiteTransactions(Transactions):
+    """:class:`~sapwood.platform.storage.transactions.Transactions` for SQLite."""
+
+    def snapshot(self, conn: Connection) -> Connection:
+        return conn
+
+    def begin_write(self, conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,37 @@
+"""How a backend gives a reader one snapshot and a writer its lock before the first read.
+
+The API's request transactions need two guarantees whose SQL differs per backend:
+
+* a *snapshot read* — every statement of the request sees the same committed state
+  (PostgreSQL: ``REPEATABLE READ``; SQLite: the connection as it is — the embedded store's
+  default driver opens no transaction for reads, so a write committed in between may be seen);
+* a *serialized write* — a read-then-write transaction (the next score revision, the last admin
+  key) cannot interleave with another (PostgreSQL: its row locks; SQLite: ``BEGIN IMMEDIATE``
+  takes the database's write lock before the first read).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sqlalchemy.engine import Connection, Engine
+
+from sapwood.platform.storage.dialects import for_dialect
+
+
+class Transactions(Protocol):
+    def snapshot(self, conn: Connection) -> Connection:
+        """``conn`` (not yet in a transaction) set up so that its statements all see one snapshot."""
+        ...
+
+    def begin_write(self, conn: Connection) -> None:
+        """Called first in a write transaction: take what serializes read-then-write transactions."""
+        ...
+
+
+def transactions(dialect: str | Engine | Connection) -> Transactions:
+    """The transaction modes of ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
+    from sapwood.platform.storage.postgres.transactions import PostgresTransactions
+    from sapwood.platform.storage.sqlite.transactions import SQLiteTransactions
+
+    return for_dialect(dialect, "transaction modes", sqlite=SQLiteTransactions, postgresql=PostgresTransactions)
