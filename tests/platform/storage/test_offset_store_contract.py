@@ -14,7 +14,7 @@ G, T = "group-a", "topic-a"
 
 
 def offsets(store: Store) -> OffsetStore:
-    return offset_store_for(store.engine.dialect.name)
+    return offset_store_for(store.engine)
 
 
 def rows(store: Store) -> set[tuple[str, str, int, int]]:
@@ -29,6 +29,7 @@ def test_the_store_matches_the_dialect(store: Store) -> None:
     assert kind == {"sqlite": "SqliteOffsetStore", "postgresql": "PostgresOffsetStore"}[store.engine.dialect.name]
     with pytest.raises(ValueError, match="no offset store for dialect 'mysql'"):
         offset_store_for("mysql")
+    assert offset_store_for(store.engine) is offset_store_for(store.engine.dialect.name), "one per dialect"
 
 
 def test_first_commit_inserts_and_is_read_back(store: Store) -> None:

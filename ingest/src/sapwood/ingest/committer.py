@@ -60,7 +60,7 @@ class OffsetCommitter:
 
     def bind(self, store: Store) -> None:
         """Use ``store``'s offset store (by its dialect)."""
-        self.offsets = offset_store_for(store.engine.dialect.name)
+        self.offsets = offset_store_for(store.engine)
 
     def _store(self) -> OffsetStore:
         if self.offsets is None:

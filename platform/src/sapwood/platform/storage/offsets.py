@@ -13,12 +13,14 @@ through ``translate_errors``). Implementations: :mod:`.sqlite.offsets` (portable
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from sapwood.platform.errors import ConflictError
+from sapwood.platform.storage.dialects import dialect_name, for_dialect
 
 
 class StaleOffsetError(ConflictError):
@@ -52,17 +54,18 @@ class OffsetStore(Protocol):
         ...
 
 
-def offset_store_for(dialect: str) -> OffsetStore:
-    """The implementation for a SQLAlchemy dialect name (``"postgresql"``, ``"sqlite"``)."""
-    if dialect == "postgresql":
-        from sapwood.platform.storage.postgres.offsets import PostgresOffsetStore
+def offset_store_for(dialect: str | Engine | Connection) -> OffsetStore:
+    """The offset store for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
+    return _offset_store(dialect_name(dialect))
 
-        return PostgresOffsetStore()
-    if dialect == "sqlite":
-        from sapwood.platform.storage.sqlite.offsets import SqliteOffsetStore
 
-        return SqliteOffsetStore()
-    raise ValueError(f"no offset store for dialect {dialect!r}; expected 'postgresql' or 'sqlite'")
+@functools.cache
+def _offset_store(name: str) -> OffsetStore:
+    """One (stateless) implementation per dialect: ingest asks for it on every batch."""
+    from sapwood.platform.storage.postgres.offsets import PostgresOffsetStore
+    from sapwood.platform.storage.sqlite.offsets import SqliteOffsetStore
+
+    return for_dialect(name, "offset store", sqlite=SqliteOffsetStore, postgresql=PostgresOffsetStore)
 
 
 __all__ = ["OffsetStore", "StaleOffsetError", "offset_store_for"]

@@ -15,12 +15,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.storage.offsets import StaleOffsetError
+from sapwood.platform.storage.offsets import OffsetStore, StaleOffsetError
 
 _c = t.consumer_offsets.c
 
 
-class SqliteOffsetStore:
+class SqliteOffsetStore(OffsetStore):
     """:class:`~sapwood.platform.storage.offsets.OffsetStore` in portable SQL."""
 
     def _select(self, group: str, topic: str, partitions: Iterable[int] | None) -> sa.Select[Any]:
