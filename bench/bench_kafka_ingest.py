@@ -23,6 +23,12 @@ and fresh topics are created and dropped. Figures:
   It shows how throughput grows with processes on the machine it runs on (the producer,
   the broker and PostgreSQL share its cores).
 
+``--compare-with TREE`` measures only the ingest end to end, alternating the code of this checkout with
+the code of another checkout ``TREE`` of the repository (e.g. ``git worktree add <dir> main``) for
+``--rounds`` rounds: each run is a child process of this script with ``PYTHONPATH`` on one tree's
+``<component>/src`` folders, ingesting the same topic into a fresh database; the figure is the median
+ratio of this checkout's tokens/s to the other's.
+
 The last stdout line is one JSON object with every figure.
 """
 
@@ -229,6 +235,12 @@ def seconds_since(start: float, service: IngestService) -> float:
     return service.stats.last_commit_at - start
 
 
+def transaction_seconds(service: IngestService) -> float:
+    """Seconds the service spent inside its ingest transactions (the apply histogram's sum)."""
+    metric = next(iter(service.metrics.apply_seconds.collect()))
+    return float(next(s.value for s in metric.samples if s.name.endswith("_sum")))
+
+
 class RunningIngest:
     """An :class:`IngestService` running on a thread of this process while the block runs."""
 
@@ -260,6 +272,77 @@ class RunningIngest:
                 return
             time.sleep(0.02)
         raise TimeoutError(f"lag did not return to zero within {timeout_s} s")
+
+
+COMPONENTS = ("platform", "ingest", "rollout", "learner", "scheduler", "api", "demo")
+
+
+def source_path(tree: Path) -> str:
+    """``PYTHONPATH`` that imports ``sapwood`` from the checkout ``tree``."""
+    return os.pathsep.join(str(tree / c / "src") for c in COMPONENTS if (tree / c / "src").is_dir())
+
+
+def ingest_once(args: argparse.Namespace) -> dict[str, Any]:
+    """One ingest of ``--topic`` into ``--database-url`` by a fresh group (``--ingest-once``: a child run)."""
+    config = IngestConfig(database_url=args.database_url, bootstrap=args.bootstrap, topic=args.topic,
+                          group=f"bench-once-{uuid.uuid4().hex[:8]}", batch_size=args.batch_size, partitions=0,
+                          dead_letter_topic=None, migrate=False)
+    ends = end_offsets(args.bootstrap, args.topic)
+    t0 = time.monotonic()
+    with RunningIngest(config) as running:
+        running.wait_committed(ends, 3600)
+        service = running.service
+        seconds = seconds_since(t0, service)
+        stats = service.stats
+        apply_sum = transaction_seconds(service)
+    assert stats.first_batch_at is not None and stats.last_commit_at is not None and stats.dead_letters == 0
+    return {"seconds": seconds, "busy_seconds": stats.last_commit_at - stats.first_batch_at,
+            "transaction_seconds": apply_sum, "events": stats.events, "tokens": stats.tokens,
+            "service_module": sys.modules[IngestService.__module__].__file__}
+
+
+def compare_trees(args: argparse.Namespace, admin: dict[str, Any], topic: str, tokens: int) -> dict[str, Any]:
+    """Ingest ``topic`` with this checkout's code and ``--compare-with``'s, alternating, each into a fresh
+    database; medians of tokens/s and of the per-round ratio this/other."""
+    trees = {"this": Path(__file__).resolve().parents[1], "other": args.compare_with.resolve()}
+    runs: dict[str, list[dict[str, Any]]] = {"this": [], "other": []}
+    for round_ in range(args.rounds):
+        for label in (("other", "this") if round_ % 2 == 0 else ("this", "other")):
+            database = f"sapwood_bench_{uuid.uuid4().hex[:10]}"
+            with psycopg.connect(**admin) as conn:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+            db_url = make_url(args.database_url).set(database=database).render_as_string(hide_password=False)
+            try:
+                Store.open(db_url).close()  # migrated here, outside the measured run
+                env = {**os.environ, "PYTHONPATH": source_path(trees[label])}
+                out = subprocess.run([sys.executable, __file__, "--ingest-once", "--database-url", db_url,
+                                      "--bootstrap", args.bootstrap, "--topic", topic,
+                                      "--batch-size", str(args.batch_size)],
+                                     env=env, capture_output=True, text=True, timeout=3600, check=False)
+                if out.returncode != 0:
+                    raise RuntimeError(f"{label} ingest failed: {out.stderr[-2000:]}")
+                run = json.loads(out.stdout.strip().splitlines()[-1])
+            finally:
+                with psycopg.connect(**admin) as conn:
+                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+            assert run["tokens"] == tokens, run
+            if not Path(run.pop("service_module")).resolve().is_relative_to(trees[label]):
+                raise RuntimeError(f"the {label} run imported sapwood from outside {trees[label]}")
+            run["tokens_per_s"] = tokens / run["seconds"]
+            run["busy_tokens_per_s"] = tokens / run["busy_seconds"]
+            runs[label].append(run)
+            log(f"round {round_ + 1}/{args.rounds} {label}: {run['tokens_per_s']:,.0f} tokens/s wall clock, "
+                f"{run['busy_tokens_per_s']:,.0f} busy")
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    figures: dict[str, Any] = {"rounds": args.rounds}
+    for key in ("tokens_per_s", "busy_tokens_per_s"):
+        figures[key] = {label: [round(r[key]) for r in rs] for label, rs in runs.items()}
+        figures[f"{key}_ratio_this_vs_other"] = round(median(
+            [t[key] / o[key] for t, o in zip(runs["this"], runs["other"], strict=True)]), 3)
+    return figures
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:
@@ -313,10 +396,22 @@ def main() -> None:
                         help="comma-separated ingest process counts to compare (e.g. 1,2); empty: skip")
     parser.add_argument("--plot", type=Path, default=Path("out/bench_kafka_ingest.png"),
                         help="where to write the time chart (PNG)")
+    parser.add_argument("--compare-with", type=Path, default=None,
+                        help="another checkout of the repository: measure only the ingest, alternating its code "
+                             "with this checkout's")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of --compare-with")
+    parser.add_argument("--ingest-once", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.database_url or not args.bootstrap:
         parser.error("--database-url and --bootstrap are required (or SAPWOOD_TEST_* variables)")
     logging.basicConfig(level=logging.WARNING)
+    if args.ingest_once:
+        print(json.dumps(ingest_once(args)))
+        return
+    if args.compare_with is not None and not (args.compare_with / "ingest" / "src" / "sapwood").is_dir():
+        parser.error(f"--compare-with {args.compare_with}: expected a checkout of this repository "
+                     "(with ingest/src/sapwood)")
     url = make_url(args.database_url)
     admin = {"host": url.host, "port": url.port or 5432, "user": url.username or "postgres",
              "dbname": url.database or "postgres", "autocommit": True}
@@ -339,6 +434,12 @@ def main() -> None:
         result.update(events=len(main_events), tokens=tokens, generate_s=round(time.perf_counter() - t0, 2))
         log(f"{len(main_events)} events, {tokens:,} tokens")
 
+        if args.compare_with is not None:
+            result["producer_compressed"] = produce(args.bootstrap, topics["compressed"], main_events, "auto")
+            result["compare_with"] = compare_trees(args, admin, topics["compressed"], tokens)
+            store.close()
+            print(json.dumps(result))
+            return
         result["producer_plain"] = produce(args.bootstrap, topics["plain"], main_events, "none")
         result["producer_compressed"] = produce(args.bootstrap, topics["compressed"], main_events, "auto")
         log(f"producer: {result['producer_plain']} / {result['producer_compressed']}")
@@ -353,8 +454,7 @@ def main() -> None:
             service = running.service
             seconds = seconds_since(t0, service)
             stats = service.stats
-            apply_s = service.metrics.apply_seconds.collect()[0]
-            apply_sum = next(s.value for s in apply_s.samples if s.name.endswith("_sum"))
+            apply_sum = transaction_seconds(service)
         assert stats.events == len(main_events) and stats.dead_letters == 0, stats
         assert stats.first_batch_at is not None and stats.last_commit_at is not None
         busy = stats.last_commit_at - stats.first_batch_at

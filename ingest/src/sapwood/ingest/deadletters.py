@@ -1,22 +1,19 @@
 """Dead letters: records ingest could not apply, kept with the reason and the original bytes.
 
-The ``dead_letters`` table is written in the same transaction as the batch (exactly once,
-authoritative). The dead-letter topic gets a copy after the commit, best effort: a crash
-between the commit and the send loses the topic copy, never the table row.
+The ``dead_letters`` table (:mod:`sapwood.platform.storage.deadletters`) is written in the same transaction
+as the batch (exactly once, authoritative). The dead-letter topic gets a copy after the commit, best effort:
+a crash between the commit and the send loses the topic copy, never the table row.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from sapwood.platform import schema as t
-from sapwood.platform.uuids import canonical_uuid
+from sapwood.platform.storage.deadletters import insert_dead_letters, key_text
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +34,12 @@ class DeadLetter:
     execution_id: str | None = None
 
 
-def _uuid_or_none(value: Any) -> str | None:
-    try:
-        return canonical_uuid(str(value)) if value else None
-    except (ValueError, TypeError, AttributeError):
-        return None
-
-
-def _text(key: bytes | None) -> str | None:
-    try:
-        return key.decode("ascii") if key else None
-    except UnicodeDecodeError:
-        return None
-
-
 def log_dead_letters(letters: list[DeadLetter]) -> None:
     """One structured WARNING line per dead letter: reason, where (topic/partition@offset), key, event id.
 
     The fields also travel as ``extra={"dead_letter": {...}}`` for JSON log formatters."""
     for dl in letters:
-        key = _text(dl.key) if dl.key is not None else None
+        key = key_text(dl.key) if dl.key is not None else None
         fields = {"reason": dl.reason, "source": dl.source, "key": key if key is not None or dl.key is None
                   else dl.key.hex(), "event_id": dl.event_id, "bytes": len(dl.payload)}
         log.warning("dead_letter reason=%s source=%s key=%s event_id=%s bytes=%d message=%r", fields["reason"],
@@ -66,20 +49,7 @@ def log_dead_letters(letters: list[DeadLetter]) -> None:
 
 def write_dead_letters(conn: Connection, letters: list[DeadLetter]) -> None:
     """Insert ``letters`` into ``dead_letters`` in the caller's transaction."""
-    now = time.time()
-    conn.execute(t.dead_letters.insert(), [
-        {
-            "received_at": now,
-            "reason": dl.reason[:32],
-            "message": dl.message[:4000],
-            "event_id": _uuid_or_none(dl.event_id),
-            "execution_id": _uuid_or_none(dl.execution_id) or _uuid_or_none(_text(dl.key)),
-            "source": dl.source[:256],
-            "payload": dl.payload,
-            "record_key": dl.key,
-        }
-        for dl in letters
-    ])
+    insert_dead_letters(conn, letters)
 
 
 class DeadLetterPublisher:

@@ -1,10 +1,25 @@
-"""Prometheus metrics of the ingest service (one registry per service instance)."""
+"""What the ingest service measures, through one sensor object (:class:`IngestSensor`).
+
+The sensor keeps the running totals (:class:`IngestStats`), the lag per partition and the Prometheus
+metrics (:class:`IngestMetrics`, one registry per service instance) in step: the service reports what
+happened (a batch committed, a retry, a rebalance, a lag reading) and never touches a counter itself.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from sapwood.ingest.deadletters import DeadLetter
+from sapwood.platform.apply import ApplyResult
+
+log = logging.getLogger(__name__)
 
 
 class IngestMetrics:
@@ -43,4 +58,100 @@ class IngestMetrics:
             self._server = None
 
 
-__all__ = ["IngestMetrics"]
+@dataclass
+class IngestStats:
+    """Running totals of one service instance."""
+
+    events: int = 0
+    tokens: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+    retries: int = 0
+    db_errors: int = 0
+    rebalances: int = 0
+    """Partition assignments received: 1 for a lone member that never rebalanced."""
+    first_batch_at: float | None = None
+    """``time.monotonic()`` when the first batch began (throughput without start-up and group join)."""
+    last_commit_at: float | None = None
+
+
+class IngestSensor:
+    """Totals, lag and Prometheus metrics of one service, updated together."""
+
+    def __init__(self, metrics: IngestMetrics | None = None, *, lag_interval_s: float = 2.0) -> None:
+        self.metrics = metrics or IngestMetrics()
+        self.stats = IngestStats()
+        #: Last measured lag per partition (log-end offset − stored offset), in records.
+        self.lag: dict[int, int] = {}
+        self.lag_interval_s = lag_interval_s
+        self._next_lag = 0.0
+
+    def batch_started(self) -> None:
+        if self.stats.first_batch_at is None:
+            self.stats.first_batch_at = time.monotonic()
+
+    def batch_done(self, result: ApplyResult, letters: Sequence[DeadLetter], seconds: float, *, advanced: bool) -> None:
+        """A transaction committed: ``result`` applied, ``letters`` dead-lettered, in ``seconds``;
+        ``advanced``: it moved at least one offset (it counts as a batch)."""
+        n_events, tokens = len(result.applied), result.tokens
+        s, m = self.stats, self.metrics
+        s.events += n_events
+        s.tokens += tokens
+        s.duplicates += result.duplicates
+        s.dead_letters += len(letters)
+        m.events.inc(n_events)
+        m.tokens.inc(tokens)
+        m.duplicates.inc(result.duplicates)
+        for dl in letters:
+            m.dead_letters.labels(dl.reason).inc()
+        if advanced:
+            s.last_commit_at = time.monotonic()
+            s.batches += 1
+            m.batches.inc()
+            m.apply_seconds.observe(seconds)
+
+    def retried(self, *, db_error: bool = False) -> None:
+        """A batch was rolled back and will be read again (``db_error``: because the database failed)."""
+        if db_error:
+            self.stats.db_errors += 1
+        self.stats.retries += 1
+        self.metrics.retries.inc()
+
+    def rebalanced(self) -> None:
+        self.stats.rebalances += 1
+        self.metrics.rebalances.inc()
+
+    def partition_revoked(self, topic: str, partition: int) -> None:
+        self.lag.pop(partition, None)
+        with contextlib.suppress(KeyError):
+            self.metrics.lag.remove(topic, str(partition))
+
+    def report_lag(self, positions: Mapping[Any, int | None], end_offsets: Callable[[list[Any]], Mapping[Any, int]],
+                   *, force: bool = False) -> None:
+        """Every ``lag_interval_s`` (or when ``force``): lag = log-end offset − stored position of each held
+        partition (``positions``: TopicPartition → next offset; ``end_offsets`` asks the broker)."""
+        now = time.monotonic()
+        if not force and now < self._next_lag:
+            return
+        self._next_lag = now + self.lag_interval_s
+        if not positions:
+            return
+        try:
+            ends = end_offsets(list(positions))
+        except Exception as exc:
+            log.debug("lag not measured: %s", exc)
+            return
+        for tp, end in ends.items():
+            lag = max(0, int(end) - (positions.get(tp) or 0))
+            self.lag[tp.partition] = lag
+            self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
+
+    def serve(self, port: int, addr: str) -> None:
+        self.metrics.serve(port, addr)
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+__all__ = ["IngestMetrics", "IngestSensor", "IngestStats"]
