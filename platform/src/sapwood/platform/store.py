@@ -43,11 +43,13 @@ def translate_errors() -> Iterator[None]:
         if exc.connection_invalidated or isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
             raise StoreUnavailableError(f"database unavailable: {exc.orig}") from exc
         raise StoreError(f"database error: {exc.orig}") from exc
+    except sa_exc.DisconnectionError as exc:  # a pool's pre-ping or checkout found the connection gone
+        raise StoreUnavailableError(f"database unavailable: {exc}") from exc
     except sa_exc.SQLAlchemyError as exc:
         raise StoreError(f"database error: {exc}") from exc
     except psycopg.IntegrityError as exc:  # raised by COPY on the raw driver connection
         raise ConflictError(f"store constraint violated: {exc}") from exc
-    except psycopg.OperationalError as exc:
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # InterfaceError: a closed connection
         raise StoreUnavailableError(f"database unavailable: {exc}") from exc
     except psycopg.Error as exc:
         raise StoreError(f"database error: {exc}") from exc
