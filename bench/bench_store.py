@@ -48,11 +48,11 @@ from rich.console import Console
 from sqlalchemy.engine import make_url
 
 from sapwood.platform import schema as t
-from sapwood.platform.apply import _find_duplicates
 from sapwood.platform.bulkcopy import BINARY_HEADER, BINARY_TRAILER, SPANS_COPY, frame_span, open_copy, send
 from sapwood.platform.events import ModelCall
 from sapwood.platform.span_encoding import encode_span
 from sapwood.platform.spans import existing_digests
+from sapwood.platform.storage.postgres.recorder import PostgresStoredState
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.platform.tokens import digest_bytes, input_hasher, pack
@@ -150,7 +150,7 @@ def _free_planner(url: str, events: list[Any], frames: list[tuple[list[np.ndarra
     try:
         t0 = time.perf_counter()
         with conn.begin():
-            _find_duplicates(conn, events)
+            PostgresStoredState(conn).prior_events([e.event_id for e in events])  # apply's duplicate check
             conn.execute(sa.select(t.executions).where(
                 t.executions.c.execution_id.in_(sorted({e.execution_id for e in events if e.execution_id})))
                 .with_for_update()).all()
