@@ -94,20 +94,25 @@ def test_stored_state_answers_what_the_recorder_stored(store: Store) -> None:
         recorder = recorder_for(conn)
         recorder.apply([*w.events, policy])
     calls = [e for e in w.events if isinstance(e, ModelCall)]
+    execution_id = calls[0].execution_id
+    assert execution_id is not None
     with store.transaction() as conn:
-        state = recorder_for(conn).stored_state()  # type: ignore[attr-defined]
+        state = recorder_for(conn).stored_state()
         prior = state.prior_events([calls[0].event_id, policy.event_id, "00000000-0000-4000-8000-000000000000"])
         assert set(prior) == {calls[0].event_id, policy.event_id}
         assert prior[calls[0].event_id][:3] == (calls[0].execution_id, calls[0].seq, "model_call")
-        assert state.stored_event(calls[0].event_id)["kind"] == "model_call"
+        stored = state.stored_event(calls[0].event_id)
+        assert stored is not None and stored["kind"] == "model_call" and stored["seq"] == calls[0].seq
         assert state.stored_event("00000000-0000-4000-8000-000000000000") is None
-        rows = state.executions([calls[0].execution_id])
-        assert rows[calls[0].execution_id]["n_calls"] == len(calls)
+        rows = state.executions([execution_id])
+        assert rows[execution_id]["n_calls"] == len(calls)
         out = state.nodes([calls[0].output_node_id])
         assert len(out) == 1 and out[0].role in (Role.ACTION, Role.SUMMARY)
-        assert out[0].execution_id == calls[0].execution_id and out[0].length == calls[0].output_ids.size
-        roots = state.children(calls[0].execution_id or "", None)
+        assert out[0].execution_id == execution_id and out[0].length == calls[0].output_ids.size
+        roots = state.children(execution_id, None)
         assert len(roots) == 3  # the first prompt and the root of each of the 2 later segments
+        boundaries = [e.root_node_id for e in w.events if isinstance(e, SegmentBoundary)]
+        assert [nid for nid, _, _ in roots[:2]] == boundaries[::-1]  # most recent first
         assert np.array_equal(state.path_tokens(calls[0].output_node_id),
                               np.concatenate([w.context(calls[0].parent), calls[0].appended, calls[0].output_ids])
                               if calls[0].parent else np.concatenate([calls[0].appended, calls[0].output_ids]))
@@ -123,7 +128,7 @@ def test_cells_go_through_the_recorder(store: Store) -> None:
     with store.transaction() as conn:
         recorder_for(conn).apply([cell])
     with store.transaction() as conn:
-        row = recorder_for(conn).stored_state().cell("cell-7")  # type: ignore[attr-defined]
+        row = recorder_for(conn).stored_state().cell("cell-7")
     assert row is not None and (row["tier"], row["capacity"], row["role"]) == ("core", 8, "idle")
 
 

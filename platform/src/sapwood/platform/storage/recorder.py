@@ -132,5 +132,9 @@ class EventRecorder(Protocol):
         """Validate and apply ``events`` in order; ``timer`` receives the phase seconds (a fresh one if None)."""
         ...
 
+    def stored_state(self) -> StoredState:
+        """The planner's reads of the store for one batch, on the recorder's connection."""
+        ...
+
 
 __all__ = ["ChildNode", "EventRecorder", "PlannedWrites", "Row", "SpanSink", "StoredState"]
