@@ -36,43 +36,26 @@ import json
 import os
 import statistics
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psycopg
 import sqlalchemy as sa
 from rich.console import Console
-from sqlalchemy.engine import make_url
 
+from pg_bench import drop_database, fresh_database, raw_copy, span_bytes
 from sapwood.platform import schema as t
-from sapwood.platform.apply import _find_duplicates
 from sapwood.platform.bulkcopy import BINARY_HEADER, BINARY_TRAILER, SPANS_COPY, frame_span, open_copy, send
 from sapwood.platform.events import ModelCall
 from sapwood.platform.span_encoding import encode_span
 from sapwood.platform.spans import existing_digests
+from sapwood.platform.storage.postgres.recorder import PostgresStoredState
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from sapwood.platform.tokens import digest_bytes, input_hasher, pack
+from sapwood.platform.tokens import digest_bytes, input_hasher
 
 console = Console(stderr=True)
-
-
-def _fresh_database(server_url: str) -> tuple[str, str]:
-    url = make_url(server_url)
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return url.set(database=name).render_as_string(hide_password=False), dsn
-
-
-def _drop_database(dsn: str, url: str) -> None:
-    name = make_url(url).database
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _relation_bytes(store: Store) -> int:
@@ -82,23 +65,6 @@ def _relation_bytes(store: Store) -> int:
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
             "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r' "
             "AND c.relname = ANY(:names)"), {"names": names}).scalar_one())
-
-
-def _raw_copy(store: Store, spans: dict[bytes, bytes]) -> float:
-    """Seconds to COPY the same (digest, bytes) rows into a plain table, in one transaction."""
-    with store.transaction() as conn:
-        conn.execute(sa.text("CREATE TABLE raw_copy (digest bytea PRIMARY KEY, data bytea NOT NULL)"))
-        # The storage settings of the store's own spans table (migrations 0001 and 0006).
-        conn.execute(sa.text("ALTER TABLE raw_copy ALTER COLUMN data SET STORAGE EXTERNAL"))
-        conn.execute(sa.text("ALTER TABLE raw_copy SET (toast_tuple_target = 8160)"))
-    t0 = time.perf_counter()
-    with store.transaction() as conn:
-        raw = conn.connection.driver_connection
-        with raw.cursor() as cur, cur.copy("COPY raw_copy (digest, data) FROM STDIN (FORMAT BINARY)") as cp:  # type: ignore[union-attr]
-            cp.set_types(["bytea", "bytea"])
-            for d, b in spans.items():
-                cp.write_row((d, b))
-    return time.perf_counter() - t0
 
 
 #: Tables apply writes, in the order it sends them.
@@ -150,7 +116,7 @@ def _free_planner(url: str, events: list[Any], frames: list[tuple[list[np.ndarra
     try:
         t0 = time.perf_counter()
         with conn.begin():
-            _find_duplicates(conn, events)
+            PostgresStoredState(conn).prior_events([e.event_id for e in events])  # apply's duplicate check
             conn.execute(sa.select(t.executions).where(
                 t.executions.c.execution_id.in_(sorted({e.execution_id for e in events if e.execution_id})))
                 .with_for_update()).all()
@@ -256,7 +222,7 @@ def _large_vocab(database_url: str, cfg: SynthConfig) -> dict[str, float]:
     w = synthetic_execution(cfg)
     calls = [e for e in w.events if isinstance(e, ModelCall)]
     n_logprobs = sum(int(c.output_logprobs.size) for c in calls)
-    url, dsn = _fresh_database(database_url)
+    url, dsn = fresh_database(database_url)
     try:
         store = Store.open(url)
         base = _relation_bytes(store)
@@ -267,7 +233,7 @@ def _large_vocab(database_url: str, cfg: SynthConfig) -> dict[str, float]:
         times, _ = _reconstruct_ms(store, big, rounds=20)
         store.close()
     finally:
-        _drop_database(dsn, url)
+        drop_database(dsn, url)
     return {"stored_over_payload": round(stored / payload, 3),
             "reconstruct_p99_ms": round(times[int(len(times) * 0.99) - 1], 2)}
 
@@ -277,12 +243,7 @@ def run(database_url: str, *, repeats: int, seed: int) -> dict[str, Any]:
     w = synthetic_execution(cfg)
     events = w.events
     calls = [e for e in events if isinstance(e, ModelCall)]
-    spans: dict[bytes, bytes] = {}
-    for e in events:
-        for arr in e.array_fields().values():
-            if arr.size:
-                data = pack(arr)
-                spans.setdefault(digest_bytes(data), data)
+    spans = span_bytes(events)
     tokens = sum(e.n_tokens() for e in events)
     n_logprobs = sum(int(c.output_logprobs.size) for c in calls)
     console.print(f"synthetic execution: {tokens:,} tokens, {len(calls)} calls, {len(events)} events")
@@ -294,11 +255,11 @@ def run(database_url: str, *, repeats: int, seed: int) -> dict[str, Any]:
     phases: list[dict[str, float]] = []
     recon_ms: list[float] = []
     for r in range(repeats):
-        url, dsn = _fresh_database(database_url)
+        url, dsn = fresh_database(database_url)
         try:
             store = Store.open(url)
             base = _relation_bytes(store)
-            copy_s.append(_raw_copy(store, spans))
+            copy_s.append(raw_copy(store, spans))
             with store.transaction() as conn:
                 conn.execute(sa.text("DROP TABLE raw_copy"))
             t0 = time.perf_counter()
@@ -322,17 +283,17 @@ def run(database_url: str, *, repeats: int, seed: int) -> dict[str, Any]:
                 assert np.array_equal(ids, expected), "reconstruction differs from the recorded input"
             store.close()
         finally:
-            _drop_database(dsn, url)
-        floor_url, floor_dsn = _fresh_database(database_url)
+            drop_database(dsn, url)
+        floor_url, floor_dsn = fresh_database(database_url)
         try:
             floor_s.append(_store_floor(floor_url, rows))
         finally:
-            _drop_database(floor_dsn, floor_url)
-        free_url, free_dsn = _fresh_database(database_url)
+            drop_database(floor_dsn, floor_url)
+        free_url, free_dsn = fresh_database(database_url)
         try:
             free_s.append(_free_planner(free_url, events, frames, rows))
         finally:
-            _drop_database(free_dsn, free_url)
+            drop_database(free_dsn, free_url)
     hash_s = _hash_seconds(events)
     big_vocab = _large_vocab(database_url, SynthConfig(seed=seed, vocab_size=LARGE_VOCAB))
     payload = 4 * stats["tree_tokens"] + 4 * n_logprobs

@@ -6,9 +6,10 @@ import struct
 
 import numpy as np
 import sqlalchemy as sa
+from tests.support.bulk_insert import bulk_insert
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, bulk_insert, frame_span, text_payload
+from sapwood.platform.bulkcopy import COPY_MIN_ROWS, frame_span, text_payload
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import DIGEST_SIZE
 

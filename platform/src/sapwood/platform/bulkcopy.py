@@ -191,23 +191,12 @@ def send_overlapped(
     return building
 
 
-def bulk_insert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-    """Insert ``rows`` into ``table`` now: ``COPY`` on PostgreSQL for large batches, else ``INSERT``."""
-    if not rows:
-        return
-    if conn.dialect.name != "postgresql" or len(rows) < COPY_MIN_ROWS:
-        conn.execute(table.insert(), rows)
-        return
-    send(conn, text_payload(table, rows))
-
-
 __all__ = [
     "BINARY_HEADER",
     "BINARY_TRAILER",
     "COPY_MIN_ROWS",
     "SPANS_COPY",
     "abort_copy",
-    "bulk_insert",
     "frame_span",
     "open_copy",
     "send",

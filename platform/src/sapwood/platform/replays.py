@@ -7,20 +7,21 @@ digest is a :class:`ConflictError` that names what differs (envelope keys, scala
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import orjson
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
-from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError
 from sapwood.platform.events import Event, ModelCall
 from sapwood.platform.tokens import digest_bytes
 
 #: (execution id, seq, kind, content digest or None before revision 0008) of a stored event.
 Prior = tuple[str | None, int | None, str, bytes | None]
+
+#: ``stored_event(event_id)`` → the stored ``events`` row of that id, or None.
+StoredEvent = Callable[[str], Mapping[str, Any] | None]
 
 _ENVELOPE_KEYS = ("kind", "execution_id", "seq", "schema_version", "created_at")
 
@@ -41,9 +42,9 @@ def content_digest(event: Event, digest_of: Callable[[np.ndarray], bytes] | None
     return h.digest()
 
 
-def _differences(conn: Connection, event: Event) -> list[str]:
+def _differences(stored_event: StoredEvent, event: Event) -> list[str]:
     """Names of what differs between ``event`` and the stored event of the same id (best effort)."""
-    row = conn.execute(sa.select(t.events).where(t.events.c.event_id == event.event_id)).mappings().first()
+    row = stored_event(event.event_id)
     if row is None:
         return []
     diff = [k for k in _ENVELOPE_KEYS if str(row[k]) != str(getattr(event, k))]
@@ -76,14 +77,15 @@ def _batch_differences(a: Event, b: Event) -> list[str]:
     return diff or ["content"]
 
 
-def replay_conflict(conn: Connection, ev: Event, prior: Prior) -> ConflictError:
-    """The conflict of ``ev`` with the stored event ``prior`` of its id (keys, then what differs)."""
+def replay_conflict(stored_event: StoredEvent, ev: Event, prior: Prior) -> ConflictError:
+    """The conflict of ``ev`` with the stored event ``prior`` of its id (keys, then what differs, read
+    from the stored row ``stored_event`` returns)."""
     if (prior[0], prior[1], prior[2]) != (ev.execution_id, ev.seq, ev.kind):
         return ConflictError(
             f"event id {ev.event_id} was already stored as {prior[2]} seq {prior[1]} of "
             f"execution {prior[0]}; this event reuses it with different content"
         )
-    fields_ = ", ".join(_differences(conn, ev))
+    fields_ = ", ".join(_differences(stored_event, ev))
     return ConflictError(
         f"event id {ev.event_id} ({ev.kind} seq {ev.seq} of execution {ev.execution_id}) was already stored "
         f"with different content: {fields_} differ; expected a byte-identical replay or a new event id"
@@ -99,4 +101,4 @@ def same_batch_conflict(first: Event, ev: Event) -> ConflictError | None:
         f"{', '.join(_batch_differences(first, ev))} differ; expected a byte-identical replay or a new event id")
 
 
-__all__ = ["Prior", "content_digest", "replay_conflict", "same_batch_conflict"]
+__all__ = ["Prior", "StoredEvent", "content_digest", "replay_conflict", "same_batch_conflict"]

@@ -24,6 +24,7 @@ from sapwood.platform.errors import (
     UnknownParentError,
 )
 from sapwood.platform.events import Event
+from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.projection import projection_hash, rebuild_projections
 from sapwood.platform.runs import FINISHED
 from sapwood.platform.spans import call_input, load_spans, path_tokens
@@ -142,12 +143,14 @@ class Store:
         with translate_errors(), self.engine.begin() as conn:
             yield conn
 
-    def apply(self, events: Sequence[Event], *, strict: bool = True, retries: int = 3) -> ApplyResult:
-        """Apply ``events`` in one transaction (see :func:`apply_events`); retried on write races."""
+    def apply(self, events: Sequence[Event], *, strict: bool = True, retries: int = 3,
+              timer: PhaseTimer | None = None) -> ApplyResult:
+        """Apply ``events`` in one transaction (see :func:`apply_events`); retried on write races.
+        ``timer`` receives the phase seconds of every attempt."""
         for attempt in range(retries + 1):
             try:
                 with self.transaction() as conn:
-                    result = apply_events(conn, events, cache=self.cache, strict=strict)
+                    result = apply_events(conn, events, cache=self.cache, strict=strict, timer=timer)
             except ConflictError as exc:
                 if isinstance(exc.__cause__, sa_exc.IntegrityError | psycopg.IntegrityError) and attempt < retries:
                     continue  # a concurrent writer stored the same span/event first; re-plan

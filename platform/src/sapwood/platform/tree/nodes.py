@@ -28,7 +28,7 @@ def logical_parent_sql(parent_id: sa.ColumnElement[Any], prev_segment_node: sa.C
     return sa.func.coalesce(parent_id, prev_segment_node)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class NodeRecord:
     """One stored node of a trajectory tree, as readers see it.
 
