@@ -42,7 +42,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import warnings
@@ -53,7 +52,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from sapwood.ingest import IngestConfig, IngestService, ingest_lag
+from sapwood.ingest import IngestConfig, ingest_lag
 from sapwood.ingest.offsets import load_offsets
 from sapwood.ingest.service import consumer_settings
 from sapwood.ingest.topics import end_offsets
@@ -64,13 +63,12 @@ from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.platform.tokens import digest_bytes, pack
 from sapwood.rollout import KafkaTransport
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling kafka_ingest_runs, however this file is loaded
+from kafka_ingest_runs import RunningIngest, compare_trees, ingest_once, log, seconds_since, transaction_seconds
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaAdminClient, KafkaConsumer
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def executions(n: int, first_seed: int) -> list[list[Event]]:
@@ -229,121 +227,6 @@ def scale_out(args: argparse.Namespace, admin: dict[str, Any], kadmin: Any, even
     return {"processes": processes, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds)}
 
 
-def seconds_since(start: float, service: IngestService) -> float:
-    """Seconds from ``start`` (``time.monotonic()``) to the service's last commit."""
-    assert service.stats.last_commit_at is not None
-    return service.stats.last_commit_at - start
-
-
-def transaction_seconds(service: IngestService) -> float:
-    """Seconds the service spent inside its ingest transactions (the apply histogram's sum)."""
-    metric = next(iter(service.metrics.apply_seconds.collect()))
-    return float(next(s.value for s in metric.samples if s.name.endswith("_sum")))
-
-
-class RunningIngest:
-    """An :class:`IngestService` running on a thread of this process while the block runs."""
-
-    def __init__(self, config: IngestConfig) -> None:
-        self.service = IngestService(config)
-        self.thread = threading.Thread(target=self.service.run, daemon=True)
-
-    def __enter__(self) -> RunningIngest:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.service.stop()
-        self.thread.join(60)
-
-    def wait_committed(self, ends: dict[int, int], timeout_s: float) -> None:
-        """Until the service has committed offsets reaching ``ends`` (partition → log-end offset).
-
-        Reads what the service keeps after each commit, with no database query: nothing competes
-        with the ingest being measured (a query every 20 ms from this process, as an earlier
-        version ran, cost the ingest a quarter of its throughput).
-        """
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout_s:
-            if not self.thread.is_alive():
-                raise RuntimeError("the ingest service stopped before catching up")
-            committed = self.service.committed_offsets()
-            if all((committed.get(p) or 0) >= end for p, end in ends.items()):
-                return
-            time.sleep(0.02)
-        raise TimeoutError(f"lag did not return to zero within {timeout_s} s")
-
-
-COMPONENTS = ("platform", "ingest", "rollout", "learner", "scheduler", "api", "demo")
-
-
-def source_path(tree: Path) -> str:
-    """``PYTHONPATH`` that imports ``sapwood`` from the checkout ``tree``."""
-    return os.pathsep.join(str(tree / c / "src") for c in COMPONENTS if (tree / c / "src").is_dir())
-
-
-def ingest_once(args: argparse.Namespace) -> dict[str, Any]:
-    """One ingest of ``--topic`` into ``--database-url`` by a fresh group (``--ingest-once``: a child run)."""
-    config = IngestConfig(database_url=args.database_url, bootstrap=args.bootstrap, topic=args.topic,
-                          group=f"bench-once-{uuid.uuid4().hex[:8]}", batch_size=args.batch_size, partitions=0,
-                          dead_letter_topic=None, migrate=False)
-    ends = end_offsets(args.bootstrap, args.topic)
-    t0 = time.monotonic()
-    with RunningIngest(config) as running:
-        running.wait_committed(ends, 3600)
-        service = running.service
-        seconds = seconds_since(t0, service)
-        stats = service.stats
-        apply_sum = transaction_seconds(service)
-    assert stats.first_batch_at is not None and stats.last_commit_at is not None and stats.dead_letters == 0
-    return {"seconds": seconds, "busy_seconds": stats.last_commit_at - stats.first_batch_at,
-            "transaction_seconds": apply_sum, "events": stats.events, "tokens": stats.tokens,
-            "service_module": sys.modules[IngestService.__module__].__file__}
-
-
-def compare_trees(args: argparse.Namespace, admin: dict[str, Any], topic: str, tokens: int) -> dict[str, Any]:
-    """Ingest ``topic`` with this checkout's code and ``--compare-with``'s, alternating, each into a fresh
-    database; medians of tokens/s and of the per-round ratio this/other."""
-    trees = {"this": Path(__file__).resolve().parents[1], "other": args.compare_with.resolve()}
-    runs: dict[str, list[dict[str, Any]]] = {"this": [], "other": []}
-    for round_ in range(args.rounds):
-        for label in (("other", "this") if round_ % 2 == 0 else ("this", "other")):
-            database = f"sapwood_bench_{uuid.uuid4().hex[:10]}"
-            with psycopg.connect(**admin) as conn:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-            db_url = make_url(args.database_url).set(database=database).render_as_string(hide_password=False)
-            try:
-                Store.open(db_url).close()  # migrated here, outside the measured run
-                env = {**os.environ, "PYTHONPATH": source_path(trees[label])}
-                out = subprocess.run([sys.executable, __file__, "--ingest-once", "--database-url", db_url,
-                                      "--bootstrap", args.bootstrap, "--topic", topic,
-                                      "--batch-size", str(args.batch_size)],
-                                     env=env, capture_output=True, text=True, timeout=3600, check=False)
-                if out.returncode != 0:
-                    raise RuntimeError(f"{label} ingest failed: {out.stderr[-2000:]}")
-                run = json.loads(out.stdout.strip().splitlines()[-1])
-            finally:
-                with psycopg.connect(**admin) as conn:
-                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
-            assert run["tokens"] == tokens, run
-            if not Path(run.pop("service_module")).resolve().is_relative_to(trees[label]):
-                raise RuntimeError(f"the {label} run imported sapwood from outside {trees[label]}")
-            run["tokens_per_s"] = tokens / run["seconds"]
-            run["busy_tokens_per_s"] = tokens / run["busy_seconds"]
-            runs[label].append(run)
-            log(f"round {round_ + 1}/{args.rounds} {label}: {run['tokens_per_s']:,.0f} tokens/s wall clock, "
-                f"{run['busy_tokens_per_s']:,.0f} busy")
-
-    def median(values: list[float]) -> float:
-        return sorted(values)[len(values) // 2]
-
-    figures: dict[str, Any] = {"rounds": args.rounds}
-    for key in ("tokens_per_s", "busy_tokens_per_s"):
-        figures[key] = {label: [round(r[key]) for r in rs] for label, rs in runs.items()}
-        figures[f"{key}_ratio_this_vs_other"] = round(median(
-            [t[key] / o[key] for t, o in zip(runs["this"], runs["other"], strict=True)]), 3)
-    return figures
-
 
 def plot(result: dict[str, Any], path: Path) -> Path:
     """Seconds for the main executions: ingest (wall clock, busy, inside transactions), the Kafka
@@ -413,7 +296,7 @@ def main() -> None:
         parser.error(f"--compare-with {args.compare_with}: expected a checkout of this repository "
                      "(with ingest/src/sapwood)")
     url = make_url(args.database_url)
-    admin = {"host": url.host, "port": url.port or 5432, "user": url.username or "postgres",
+    admin: dict[str, Any] = {"host": url.host, "port": url.port or 5432, "user": url.username or "postgres",
              "dbname": url.database or "postgres", "autocommit": True}
     if url.password:
         admin["password"] = url.password
@@ -436,7 +319,7 @@ def main() -> None:
 
         if args.compare_with is not None:
             result["producer_compressed"] = produce(args.bootstrap, topics["compressed"], main_events, "auto")
-            result["compare_with"] = compare_trees(args, admin, topics["compressed"], tokens)
+            result["compare_with"] = compare_trees(args, admin, topics["compressed"], tokens, Path(__file__))
             store.close()
             print(json.dumps(result))
             return
