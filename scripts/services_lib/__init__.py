@@ -1,0 +1,1 @@
+"""The parts of ``scripts/services.py`` (standard library only): state, processes, PostgreSQL, Kafka."""
