@@ -64,7 +64,7 @@ from sapwood.platform.tokens import digest_bytes, pack
 from sapwood.rollout import KafkaTransport
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling kafka_ingest_runs, however this file is loaded
-from kafka_ingest_runs import RunningIngest, compare_trees, ingest_once, log, seconds_since, transaction_seconds
+from kafka_ingest_runs import RunningIngest, compare_trees, ingest_once, log, seconds_since, timed_ingest
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -331,13 +331,7 @@ def main() -> None:
         config = IngestConfig(database_url=db_url, bootstrap=args.bootstrap, topic=topics["compressed"], group=group,
                               batch_size=args.batch_size, partitions=0, dead_letter_topic=None, migrate=False)
         ends = end_offsets(args.bootstrap, topics["compressed"])
-        t0 = time.monotonic()
-        with RunningIngest(config) as running:
-            running.wait_committed(ends, 3600)
-            service = running.service
-            seconds = seconds_since(t0, service)
-            stats = service.stats
-            apply_sum = transaction_seconds(service)
+        seconds, stats, apply_sum = timed_ingest(config, ends)
         assert stats.events == len(main_events) and stats.dead_letters == 0, stats
         assert stats.first_batch_at is not None and stats.last_commit_at is not None
         busy = stats.last_commit_at - stats.first_batch_at

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from sapwood.ingest import IngestConfig, IngestService
+from sapwood.ingest import IngestConfig, IngestService, IngestStats
 from sapwood.ingest.topics import end_offsets
 from sapwood.platform.store import Store
 
@@ -76,6 +76,19 @@ class RunningIngest:
         raise TimeoutError(f"lag did not return to zero within {timeout_s} s")
 
 
+def timed_ingest(config: IngestConfig, ends: dict[int, int]) -> tuple[float, IngestStats, float]:
+    """Run an ingest of ``config`` in this process until its commits reach ``ends`` (partition → log-end
+    offset): seconds from service start to its last commit, its stats, seconds inside its transactions."""
+    t0 = time.monotonic()
+    with RunningIngest(config) as running:
+        running.wait_committed(ends, 3600)
+        service = running.service
+        seconds = seconds_since(t0, service)
+        stats = service.stats
+        apply_sum = transaction_seconds(service)
+    return seconds, stats, apply_sum
+
+
 COMPONENTS = ("platform", "ingest", "rollout", "learner", "scheduler", "api", "demo")
 
 
@@ -89,14 +102,7 @@ def ingest_once(args: argparse.Namespace) -> dict[str, Any]:
     config = IngestConfig(database_url=args.database_url, bootstrap=args.bootstrap, topic=args.topic,
                           group=f"bench-once-{uuid.uuid4().hex[:8]}", batch_size=args.batch_size, partitions=0,
                           dead_letter_topic=None, migrate=False)
-    ends = end_offsets(args.bootstrap, args.topic)
-    t0 = time.monotonic()
-    with RunningIngest(config) as running:
-        running.wait_committed(ends, 3600)
-        service = running.service
-        seconds = seconds_since(t0, service)
-        stats = service.stats
-        apply_sum = transaction_seconds(service)
+    seconds, stats, apply_sum = timed_ingest(config, end_offsets(args.bootstrap, args.topic))
     assert stats.first_batch_at is not None and stats.last_commit_at is not None and stats.dead_letters == 0
     return {"seconds": seconds, "busy_seconds": stats.last_commit_at - stats.first_batch_at,
             "transaction_seconds": apply_sum, "events": stats.events, "tokens": stats.tokens,
