@@ -14,10 +14,9 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.events import ModelCall, SegmentBoundary
 from sapwood.platform.spans import call_input, path_tokens
-from sapwood.platform.storage.postgres.trees import lateral_step
-from sapwood.platform.storage.sqlite.trees import join_step
-from sapwood.platform.storage.trees import tree_reader
-from sapwood.platform.storage.trees_sql import Step, path_cte
+from sapwood.platform.storage.postgres.trees import PostgresTreeReader, lateral_step
+from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader, join_step
+from sapwood.platform.storage.trees_sql import SqlTreeReader, Step, path_cte
 from sapwood.platform.storage.trees_sql import across_segments as _across_segments
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
@@ -25,8 +24,9 @@ from support.histories import expected_input
 
 _n = t.nodes.c
 _STEPS: dict[str, Step] = {"postgresql": lateral_step, "sqlite": join_step}
-_NODE_PATH = {d: tree_reader(d).context_tokens_sql for d in _STEPS}
-_CALL_PATH = {d: tree_reader(d).call_input_sql for d in _STEPS}
+_READERS: dict[str, SqlTreeReader] = {"postgresql": PostgresTreeReader(), "sqlite": SQLiteTreeReader()}
+_NODE_PATH = {d: r.context_tokens_sql for d, r in _READERS.items()}
+_CALL_PATH = {d: r.call_input_sql for d, r in _READERS.items()}
 
 
 def _applied(store: Store, *, calls: int = 40) -> Any:
