@@ -291,7 +291,7 @@ class ParquetExport:
 
     def _page(self, after: tuple[float, str] | None) -> list[dict[str, Any]]:
         assert self._conn is not None
-        return executions_page(self._conn, self.flt, after=after, limit=self.page)
+        return [dict(r) for r in executions_page(self._conn, self.flt, after=after, limit=self.page)]
 
     def __iter__(self) -> Iterator[bytes]:
         if self._conn is None:

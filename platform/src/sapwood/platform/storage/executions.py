@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, RowMapping
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
@@ -40,8 +40,9 @@ def execution_version(conn: Connection, execution_id: str) -> int:
 
 
 def executions_page(conn: Connection, flt: ExecutionFilter, *, after: tuple[float, str] | None, limit: int,
-                    order: Literal["asc", "desc"] = "asc") -> list[dict[str, Any]]:
-    """Up to ``limit`` executions matching ``flt`` after ``(started_at, execution_id)`` in ``order``."""
+                    order: Literal["asc", "desc"] = "asc") -> list[RowMapping]:
+    """Up to ``limit`` executions matching ``flt`` after ``(started_at, execution_id)`` in ``order`` (rows as
+    read-only mappings: copy one to change it)."""
     q = sa.select(t.executions).where(flt.where())
     if after is not None:
         started, eid = after
@@ -53,7 +54,7 @@ def executions_page(conn: Connection, flt: ExecutionFilter, *, after: tuple[floa
         q = q.order_by(_e.started_at.desc(), _e.execution_id.desc())
     else:
         q = q.order_by(_e.started_at, _e.execution_id)
-    return [dict(r) for r in conn.execute(q.limit(limit)).mappings()]
+    return list(conn.execute(q.limit(limit)).mappings().all())
 
 
 def scores(conn: Connection, execution_id: str) -> list[dict[str, Any]]:
