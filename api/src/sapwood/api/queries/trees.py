@@ -9,6 +9,7 @@ goes through the tree reader (:mod:`sapwood.platform.storage.trees`) and the exe
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -23,8 +24,6 @@ ROLE = ROLE_NAMES
 TRAINABLE = tuple(TRAINABLE_ROLES)
 #: A node of a logical path (root first) with its offset: the tree reader's record.
 PathRow = PathNode
-
-__all__ = ["PathCache", "PathRow", "TreeNode"]
 
 
 def node_out(n: TreeNode) -> dict[str, Any]:
@@ -68,7 +67,7 @@ def execution_out(row: Any) -> dict[str, Any]:
     return out
 
 
-def segments_of(conn: Connection, execution_id: str, nodes: list[TreeNode] | None = None) -> list[dict[str, Any]]:
+def segments_of(conn: Connection, execution_id: str, nodes: Iterable[TreeNode] | None = None) -> list[dict[str, Any]]:
     """Segment roots: the context roots of segment 0, then one row per compaction."""
     return tree_reader(conn).segment_roots(conn, execution_id, nodes)
 
