@@ -14,17 +14,15 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import sqlalchemy as sa
 import torch
 from sqlalchemy.engine import Connection
 
 from sapwood.learner.batch import TreeBatch
 from sapwood.platform import runs
-from sapwood.platform import schema as t
 from sapwood.platform.spans import load_spans
+from sapwood.platform.storage.trees import BatchNode, tree_reader
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
 from sapwood.platform.tree import RewardPolicy, Role, logical_parent, resolve_reward
@@ -173,22 +171,6 @@ class BatchSource:
 
 
 # -- assembly --------------------------------------------------------------------------------------
-_NODE_COLS = (
-    "node_id",
-    "execution_id",
-    "parent_id",
-    "prev_segment_node",
-    "role",
-    "span_digest",
-    "length",
-    "depth",
-    "segment",
-    "is_leaf",
-    "call_id",
-    "policy_version",
-)
-
-
 def _select_leaves(leaves: list[str], jmax: int, seed: int) -> list[str]:
     if len(leaves) <= jmax:
         return leaves
@@ -203,23 +185,10 @@ def build_batch(store: Store, execution_ids: list[str], config: SourceConfig) ->
 
 
 def _build(conn: Connection, execution_ids: list[str], config: SourceConfig) -> tuple[TreeBatch, list[str]]:
-    ex_rows = {
-        r.execution_id: r
-        for r in conn.execute(sa.select(t.executions).where(t.executions.c.execution_id.in_(execution_ids)))
-    }
-    node_rows = conn.execute(
-        sa.select(*(t.nodes.c[c] for c in _NODE_COLS)).where(t.nodes.c.execution_id.in_(execution_ids))
-    ).all()
-    by_exec: dict[str, list[Any]] = {}
-    for r in node_rows:
-        by_exec.setdefault(r.execution_id, []).append(r)
-    lp_digest = dict(
-        conn.execute(
-            sa.select(t.calls.c.call_id, t.calls.c.logprobs_digest).where(t.calls.c.execution_id.in_(execution_ids))
-        ).all()
-    )
+    rows = tree_reader(conn).batch_rows(conn, execution_ids)
+    ex_rows, by_exec, lp_digest = rows.executions, rows.nodes, rows.logprob_digests
 
-    chosen: list[Any] = []  # selected node rows, per execution in topological order
+    chosen: list[BatchNode] = []  # selected node rows, per execution in topological order
     exec_index: list[int] = []
     leaf_reward_of: dict[str, float] = {}
     used: list[str] = []
@@ -250,9 +219,7 @@ def _build(conn: Connection, execution_ids: list[str], config: SourceConfig) -> 
     if not chosen:
         return _empty_batch(), []
 
-    digests = {bytes(r.span_digest) for r in chosen} | {
-        bytes(lp_digest[r.call_id]) for r in chosen if r.call_id is not None
-    }
+    digests = {r.span_digest for r in chosen} | {lp_digest[r.call_id] for r in chosen if r.call_id is not None}
     spans = load_spans(conn, digests)
     n = len(chosen)
     lengths = np.fromiter((r.length for r in chosen), dtype=np.int64, count=n)
@@ -262,7 +229,7 @@ def _build(conn: Connection, execution_ids: list[str], config: SourceConfig) -> 
     total = int(lengths.sum())
     index = {r.node_id: i for i, r in enumerate(chosen)}
 
-    tokens = np.frombuffer(b"".join(spans[bytes(r.span_digest)] for r in chosen), dtype=TOKEN_DTYPE)
+    tokens = np.frombuffer(b"".join(spans[r.span_digest] for r in chosen), dtype=TOKEN_DTYPE)
     node_of_token = np.repeat(np.arange(n), lengths)
     offset_in_node = np.arange(total) - starts[node_of_token]
 
@@ -287,9 +254,10 @@ def _build(conn: Connection, execution_ids: list[str], config: SourceConfig) -> 
     segment_parent[starts[linked]] = ends[seg_parent_node[linked]]
 
     logprob = np.zeros(total, dtype=np.float32)
-    out_nodes = [i for i, r in enumerate(chosen) if r.call_id is not None]
+    out_calls = {i: r.call_id for i, r in enumerate(chosen) if r.call_id is not None}
+    out_nodes = list(out_calls)
     if out_nodes:
-        lp = np.frombuffer(b"".join(spans[bytes(lp_digest[chosen[i].call_id])] for i in out_nodes), dtype=LOGPROB_DTYPE)
+        lp = np.frombuffer(b"".join(spans[lp_digest[c]] for c in out_calls.values()), dtype=LOGPROB_DTYPE)
         out_idx = np.concatenate([np.arange(starts[i], starts[i] + lengths[i]) for i in out_nodes])
         logprob[out_idx] = lp
     logprob[~trainable] = 0.0

@@ -8,30 +8,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.api.queries.cursors import Cursors
 from sapwood.api.tokenizer import Tokenizer
-from sapwood.platform import schema as t
-from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.span_encoding import decode_span
-from sapwood.platform.spans import path_cte
+from sapwood.platform.storage import calls as call_reads
+from sapwood.platform.storage.calls import CALL_NAMES
+from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.tokens import TOKEN_DTYPE, digest_bytes, unpack_logprobs, unpack_tokens
 from sapwood.platform.tree import ROLE_NAMES
-
-_n = t.nodes.c
-_c = t.calls.c
-CALL_COLUMNS = (_c.call_id, _c.execution_id, _c.seq, _c.call_kind, _c.segment, _c.policy_version, _c.input_node,
-                _c.input_len, _c.output_node, _c.n_output, _c.finish_reason, _c.created_at)
-
-
-_CALL_NAMES = tuple(str(c.name) for c in CALL_COLUMNS)
 
 
 def call_out(row: Any) -> dict[str, Any]:
     m = row._mapping if hasattr(row, "_mapping") else row
-    return {name: m[name] for name in _CALL_NAMES}
+    return {name: m[name] for name in CALL_NAMES}
 
 
 @dataclass
@@ -49,55 +40,16 @@ class RebuiltInput:
         return self.token_ids.size == self.recorded_len and self.computed_digest == self.recorded_digest
 
 
-_e = t.executions.c
-_out_node = t.nodes.alias("out_node")
-_out_span = t.spans.alias("out_span")
-_lp_span = t.spans.alias("lp_span")
-#: A call with its execution's facts, output tokens and rollout log-probs: one statement, built once.
-_CALL = (
-    sa.select(*CALL_COLUMNS, _c.input_digest, _c.timings, _c.sampling_params.label("call_sampling_params"),
-              _e.engine, _e.run_id, _e.task_id, _e.sampling_params.label("execution_sampling_params"),
-              _out_span.c.encoding.label("out_encoding"), _out_span.c.data.label("out_data"),
-              _lp_span.c.encoding.label("lp_encoding"), _lp_span.c.data.label("lp_data"))
-    .select_from(t.calls.join(t.executions, _e.execution_id == _c.execution_id)
-                 .join(_out_node, _out_node.c.node_id == _c.output_node)
-                 .join(_out_span, _out_span.c.digest == _out_node.c.span_digest)
-                 .join(_lp_span, _lp_span.c.digest == _c.logprobs_digest))
-    .where(_c.call_id == sa.bindparam("call_id"))
-)
-_PATH_COLS = (_n.node_id, _n.parent_id, _n.depth, _n.span_digest, _n.role, _n.length, _n.call_id, _n.policy_version)
-
-
-def _context_path_statement(dialect: str) -> sa.Select[Any]:
-    path = path_cte(sa.select(*_PATH_COLS).where(_n.node_id == sa.bindparam("node_id")), dialect)
-    return (sa.select(path.c.node_id, path.c.role, path.c.depth, path.c.length, path.c.call_id,
-                      path.c.policy_version, t.spans.c.encoding, t.spans.c.data)
-            .select_from(path.join(t.spans, t.spans.c.digest == path.c.span_digest))
-            .order_by(path.c.depth))
-
-
-#: Root → node facts and spans of a context (one recursive statement per dialect, built once).
-_CONTEXT_PATH = {d: _context_path_statement(d) for d in ("postgresql", "sqlite")}
-
-
 def context_path(conn: Connection, node_id: str) -> list[tuple[dict[str, Any], bytes]]:
     """(node facts, packed tokens) from the context's root to ``node_id`` (one recursive query)."""
-    out = []
-    for r in conn.execute(_CONTEXT_PATH[conn.dialect.name], {"node_id": node_id}):
-        facts = {"node_id": r[0], "role": ROLE_NAMES[int(r[1])], "depth": int(r[2]), "length": int(r[3]),
-                 "call_id": r[4], "policy_version": r[5]}
-        out.append((facts, decode_span(r[6], r[7])))
-    if not out:
-        raise UnknownParentError(f"node {node_id} does not exist")
-    return out
+    return [({"node_id": n.node_id, "role": ROLE_NAMES[n.role], "depth": n.depth, "length": n.length,
+              "call_id": n.call_id, "policy_version": n.policy_version}, n.data)
+            for n in tree_reader(conn).context(conn, node_id)]
 
 
 def call_row(conn: Connection, call_id: str) -> dict[str, Any]:
     """The call's columns, its execution's engine/run/task/sampling params, output spans (one query)."""
-    row = conn.execute(_CALL, {"call_id": call_id}).mappings().first()
-    if row is None:
-        raise UnknownParentError(f"model call {call_id} does not exist")
-    return dict(row)
+    return call_reads.call_with_output(conn, call_id)
 
 
 def rebuild_input(conn: Connection, row: dict[str, Any]) -> RebuiltInput:
@@ -144,21 +96,13 @@ def calls_seeing(conn: Connection, node_id: str, *, limit: int, cursor: str | No
                  cursors: Cursors) -> dict[str, Any]:
     """Calls whose input path contains ``node_id``: input_node is the node or one of its descendants
     in the same context (recursive walk down ``parent_id``), in event order."""
-    node = conn.execute(sa.select(_n.depth, _n.length).where(_n.node_id == node_id)).first()
-    if node is None:
-        raise UnknownParentError(f"node {node_id} does not exist")
-    base = sa.select(_n.node_id).where(_n.node_id == node_id).cte("below", recursive=True)
-    down = t.nodes.alias("down")
-    below = base.union_all(sa.select(down.c.node_id).where(down.c.parent_id == base.c.node_id))
-    q = sa.select(*CALL_COLUMNS).where(_c.input_node.in_(sa.select(below.c.node_id)))
-    if cursor:
-        (after,) = cursors.decode(cursor, f"nodecalls:{node_id}", (int,))
-        q = q.where(_c.seq > after)
-    rows = conn.execute(q.order_by(_c.seq).limit(limit + 1)).all()
+    token_start, token_end = call_reads.node_tokens_range(conn, node_id)
+    after = cursors.decode(cursor, f"nodecalls:{node_id}", (int,))[0] if cursor else None
+    rows = call_reads.calls_seeing_page(conn, node_id, after_seq=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return {
-        "node_id": node_id, "token_start": int(node.depth), "token_end": int(node.depth + node.length),
+        "node_id": node_id, "token_start": token_start, "token_end": token_end,
         "items": [call_out(r) for r in rows],
         "next_cursor": cursors.encode(f"nodecalls:{node_id}", rows[-1].seq) if more else None,
     }
@@ -167,11 +111,8 @@ def calls_seeing(conn: Connection, node_id: str, *, limit: int, cursor: str | No
 def list_calls(conn: Connection, execution_id: str, *, limit: int, cursor: str | None,
                cursors: Cursors) -> dict[str, Any]:
     """Model calls of one execution in event order."""
-    q = sa.select(*CALL_COLUMNS).where(_c.execution_id == execution_id)
-    if cursor:
-        (after,) = cursors.decode(cursor, f"calls:{execution_id}", (int,))
-        q = q.where(_c.seq > after)
-    rows = conn.execute(q.order_by(_c.seq).limit(limit + 1)).all()
+    after = cursors.decode(cursor, f"calls:{execution_id}", (int,))[0] if cursor else None
+    rows = call_reads.calls_page(conn, execution_id, after_seq=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return {"items": [call_out(r) for r in rows],

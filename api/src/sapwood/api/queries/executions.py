@@ -5,38 +5,27 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.api.queries.cursors import Cursors, check_uuid
 from sapwood.api.queries.trees import execution_out
 from sapwood.platform import runs as platform_runs
-from sapwood.platform import schema as t
 from sapwood.platform.apply import apply_events
 from sapwood.platform.errors import ConflictError, UnknownParentError
 from sapwood.platform.events import PartialScore
 from sapwood.platform.runs import ExecutionFilter
-
-_e = t.executions.c
+from sapwood.platform.storage import executions as reads
 
 
 def list_executions(conn: Connection, flt: ExecutionFilter, *, limit: int, cursor: str | None, cursors: Cursors,
                     order: Literal["asc", "desc"] = "desc") -> dict[str, Any]:
     """A page of executions matching ``flt``, keyset-paginated on (started_at, execution_id)."""
-    q = sa.select(t.executions).where(flt.where())
     kind = f"executions-{order}"
+    after = None
     if cursor:
         started, eid = cursors.decode(cursor, kind, (float, str))
-        eid = check_uuid(eid)
-        if order == "desc":
-            q = q.where(sa.or_(_e.started_at < started, sa.and_(_e.started_at == started, _e.execution_id < eid)))
-        else:
-            q = q.where(sa.or_(_e.started_at > started, sa.and_(_e.started_at == started, _e.execution_id > eid)))
-    if order == "desc":
-        q = q.order_by(_e.started_at.desc(), _e.execution_id.desc())
-    else:
-        q = q.order_by(_e.started_at.asc(), _e.execution_id.asc())
-    rows = conn.execute(q.limit(limit + 1)).mappings().all()
+        after = (started, check_uuid(eid))
+    rows = reads.executions_page(conn, flt, after=after, limit=limit + 1, order=order)
     more = len(rows) > limit
     rows = rows[:limit]
     last = rows[-1] if rows else None
@@ -47,26 +36,12 @@ def list_executions(conn: Connection, flt: ExecutionFilter, *, limit: int, curso
 
 
 # -- runs ----------------------------------------------------------------------------------------------
-def _progress(conn: Connection, run_ids: list[str]) -> dict[str, dict[str, int]]:
-    ri = t.run_items.c
-    out: dict[str, dict[str, int]] = {}
-    rows = conn.execute(sa.select(ri.run_id, ri.state, sa.func.count()).where(ri.run_id.in_(run_ids))
-                        .group_by(ri.run_id, ri.state))
-    for run_id, state, n in rows:
-        out.setdefault(run_id, {"pending": 0, "claimed": 0, "done": 0})[state] = int(n)
-    return out
-
-
 def _runs_out(conn: Connection, run_ids: list[str]) -> list[dict[str, Any]]:
     if not run_ids:
         return []
-    training = {r["run_id"]: dict(r) for r in conn.execute(sa.select(t.runs).where(t.runs.c.run_id.in_(run_ids)))
-                .mappings()}
-    recorded: dict[str, dict[str, int]] = {}
-    for run_id, status, n in conn.execute(sa.select(_e.run_id, _e.status, sa.func.count())
-                                          .where(_e.run_id.in_(run_ids)).group_by(_e.run_id, _e.status)):
-        recorded.setdefault(run_id, {})[status] = int(n)
-    progress = _progress(conn, run_ids)
+    training = reads.run_rows(conn, run_ids)
+    recorded = reads.execution_counts(conn, run_ids)
+    progress = reads.item_counts(conn, run_ids)
     out = []
     for run_id in run_ids:
         run = training.get(run_id)
@@ -90,12 +65,8 @@ def _runs_out(conn: Connection, run_ids: list[str]) -> list[dict[str, Any]]:
 
 def list_runs(conn: Connection, *, limit: int, cursor: str | None, cursors: Cursors) -> dict[str, Any]:
     """Training runs and the run ids executions were recorded under, ordered by run id."""
-    ids = sa.union(sa.select(t.runs.c.run_id.label("run_id")), sa.select(_e.run_id.label("run_id"))).subquery()
-    q = sa.select(ids.c.run_id)
-    if cursor:
-        (after,) = cursors.decode(cursor, "runs", (str,))
-        q = q.where(ids.c.run_id > after)
-    run_ids = [r[0] for r in conn.execute(q.order_by(ids.c.run_id).limit(limit + 1))]
+    after = cursors.decode(cursor, "runs", (str,))[0] if cursor else None
+    run_ids = reads.run_ids_page(conn, after=after, limit=limit + 1)
     more = len(run_ids) > limit
     run_ids = run_ids[:limit]
     return {"items": _runs_out(conn, run_ids),
@@ -120,15 +91,12 @@ def create_run(conn: Connection, *, run_id: str | None, kind: Literal["replay", 
 def run_items(conn: Connection, run_id: str, *, limit: int, cursor: str | None, cursors: Cursors) -> dict[str, Any]:
     """A run's queue in its order (the order learners claim it in)."""
     platform_runs.get_run(conn, run_id)
-    ri = t.run_items.c
-    q = sa.select(ri.execution_id, ri.order_key, ri.state, ri.claimed_by, ri.attempts, ri.done_at).where(
-        ri.run_id == run_id)
     position = 0
+    after = None
     if cursor:
         key, eid, position = cursors.decode(cursor, f"items:{run_id}", (int, str, int))
-        eid = check_uuid(eid)
-        q = q.where(sa.or_(ri.order_key > key, sa.and_(ri.order_key == key, ri.execution_id > eid)))
-    rows = conn.execute(q.order_by(ri.order_key, ri.execution_id).limit(limit + 1)).mappings().all()
+        after = (key, check_uuid(eid))
+    rows = reads.run_items_page(conn, run_id, after=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     items = [{"position": position + i, **dict(r)} for i, r in enumerate(rows)]
@@ -146,10 +114,7 @@ def add_score(conn: Connection, execution_id: str, *, score: float, components: 
 
     Only finished executions: while one runs, its producer owns its sequence numbers.
     """
-    q = sa.select(_e.last_seq, _e.score_revision, _e.status).where(_e.execution_id == execution_id)
-    if conn.dialect.name == "postgresql":
-        q = q.with_for_update()
-    row = conn.execute(q).first()
+    row = reads.lock_for_scoring(conn, execution_id)
     if row is None:
         raise UnknownParentError(f"execution {execution_id} does not exist")
     if row.status == "running":
@@ -161,7 +126,4 @@ def add_score(conn: Connection, execution_id: str, *, score: float, components: 
     event = PartialScore(execution_id=execution_id, seq=row.last_seq + 1, score=float(score),
                          components=dict(components), scorer=scorer, revision=revision, note=note)
     apply_events(conn, [event])
-    s = t.scores.c
-    out = conn.execute(sa.select(s.event_id, s.revision, s.score, s.components, s.scorer, s.note, s.created_at)
-                       .where(s.event_id == event.event_id)).mappings().one()
-    return dict(out)
+    return reads.score_event(conn, event.event_id)

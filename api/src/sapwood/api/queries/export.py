@@ -20,13 +20,12 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.api.queries.trees import TRAINABLE, TreeNode, load_nodes, reward_fields
-from sapwood.platform import schema as t
 from sapwood.platform.runs import ExecutionFilter
-from sapwood.platform.spans import load_spans
+from sapwood.platform.storage.executions import executions_page
+from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.store import Store, translate_errors
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
 from sapwood.platform.tree import ROLE_NAMES
@@ -135,15 +134,7 @@ class _ExecutionData:
         eid = ex["execution_id"]
         self.nodes = load_nodes(conn, eid)
         self.index = {n.node_id: n for n in self.nodes}
-        n = t.nodes.c
-        digests = {r[0]: bytes(r[1]) for r in conn.execute(sa.select(n.node_id, n.span_digest)
-                                                           .where(n.execution_id == eid))}
-        c = t.calls.c
-        lp_digests = {r[0]: bytes(r[1]) for r in conn.execute(sa.select(c.output_node, c.logprobs_digest)
-                                                              .where(c.execution_id == eid))}
-        spans = load_spans(conn, list(digests.values()) + list(lp_digests.values()))
-        self.tokens = {nid: np.frombuffer(spans[d], dtype=TOKEN_DTYPE) for nid, d in digests.items()}
-        self.logprobs = {nid: np.frombuffer(spans[d], dtype=LOGPROB_DTYPE) for nid, d in lp_digests.items()}
+        self.tokens, self.logprobs = tree_reader(conn).execution_spans(conn, eid)
 
     def path(self, leaf: TreeNode) -> list[TreeNode]:
         out = []
@@ -300,12 +291,7 @@ class ParquetExport:
 
     def _page(self, after: tuple[float, str] | None) -> list[dict[str, Any]]:
         assert self._conn is not None
-        e = t.executions.c
-        q = sa.select(t.executions).where(self.flt.where())
-        if after is not None:
-            q = q.where(sa.or_(e.started_at > after[0], sa.and_(e.started_at == after[0], e.execution_id > after[1])))
-        q = q.order_by(e.started_at, e.execution_id).limit(self.page)
-        return [dict(r) for r in self._conn.execute(q).mappings()]
+        return [dict(r) for r in executions_page(self._conn, self.flt, after=after, limit=self.page)]
 
     def __iter__(self) -> Iterator[bytes]:
         if self._conn is None:

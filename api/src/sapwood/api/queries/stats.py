@@ -7,10 +7,9 @@ import time
 import warnings
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.platform import schema as t
+from sapwood.platform.storage import store_stats as reads
 from sapwood.platform.store import Store
 
 
@@ -18,17 +17,13 @@ def store_stats(store: Store) -> dict[str, Any]:
     """The platform's store statistics plus unique (content-addressed) token counts."""
     stats = store.stats()
     with store.engine.connect() as conn:
-        distinct = sa.select(t.nodes.c.span_digest, t.nodes.c.length).distinct().subquery()
-        unique = int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(distinct.c.length), 0))).scalar_one())
+        unique = reads.unique_tokens(conn)
     tree = int(stats["tree_tokens"])
     return {**stats, "unique_tokens": unique, "span_dedup_ratio": round(tree / unique, 3) if unique else None}
 
 
 def stored_offsets(conn: Connection) -> list[dict[str, Any]]:
-    c = t.consumer_offsets.c
-    rows = conn.execute(sa.select(c.group_id, c.topic, c.partition, c.next_offset)
-                        .order_by(c.group_id, c.topic, c.partition)).mappings()
-    return [dict(r) for r in rows]
+    return reads.stored_offsets(conn)
 
 
 def kafka_end_offsets(bootstrap: str, topic_partitions: list[tuple[str, int]],

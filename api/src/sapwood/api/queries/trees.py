@@ -2,83 +2,49 @@
 
 A node's *context* is its path to a root over ``parent_id``; a *logical trajectory* crosses
 compactions: a segment root continues the summary node named by its ``prev_segment_node``,
-so the path from a leaf upwards follows ``COALESCE(parent_id, prev_segment_node)``.
+so the path from a leaf upwards follows :func:`sapwood.platform.tree.logical_parent`. Every read
+goes through the tree reader (:mod:`sapwood.platform.storage.trees`) and the execution reads
+(:mod:`sapwood.platform.storage.executions`); this module shapes their records into API answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.api.cache import LRU
-from sapwood.platform import schema as t
-from sapwood.platform.errors import UnknownParentError
-from sapwood.platform.spans import load_spans, path_cte
-from sapwood.platform.tokens import unpack_logprobs, unpack_tokens
-from sapwood.platform.tree import ROLE_NAMES, TRAINABLE_ROLES, logical_parent, logical_parent_sql, resolve_reward
+from sapwood.platform.storage import executions as execution_reads
+from sapwood.platform.storage.trees import PageSlice, PathNode, TreeNode, tree_reader
+from sapwood.platform.tree import ROLE_NAMES, TRAINABLE_ROLES, resolve_reward
 
 ROLE = ROLE_NAMES
 TRAINABLE = tuple(TRAINABLE_ROLES)
-
-_n = t.nodes.c
-NODE_COLUMNS = (_n.node_id, _n.parent_id, _n.prev_segment_node, _n.role, _n.length, _n.depth, _n.segment,
-                _n.is_leaf, _n.fork_branches, _n.call_id, _n.policy_version, _n.seq)
+#: A node of a logical path (root first) with its offset: the tree reader's record.
+PathRow = PathNode
 
 
-@dataclass(slots=True)
-class TreeNode:
-    """One node row of an execution's tree, with derived tree facts."""
-
-    node_id: str
-    parent_id: str | None
-    prev_segment_node: str | None
-    role: int
-    length: int
-    depth: int
-    segment: int
-    is_leaf: bool
-    fork_branches: int
-    call_id: str | None
-    policy_version: int | None
-    seq: int
-    level: int = 0
-    n_children: int = 0
-
-    def out(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id, "parent_id": self.parent_id, "prev_segment_node": self.prev_segment_node,
-            "role": ROLE[self.role], "length": self.length, "depth": self.depth, "level": self.level,
-            "segment": self.segment, "is_leaf": self.is_leaf, "fork_branches": self.fork_branches,
-            "n_children": self.n_children, "call_id": self.call_id, "policy_version": self.policy_version,
-            "seq": self.seq,
-        }
-
-    @property
-    def up(self) -> str | None:
-        """Previous node of the logical trajectory (parent, or the summary a segment root continues)."""
-        return logical_parent(self.parent_id, self.prev_segment_node)
+def node_out(n: TreeNode) -> dict[str, Any]:
+    """A tree node as the API shows it."""
+    return {
+        "node_id": n.node_id, "parent_id": n.parent_id, "prev_segment_node": n.prev_segment_node,
+        "role": ROLE[n.role], "length": n.length, "depth": n.depth, "level": n.level,
+        "segment": n.segment, "is_leaf": n.is_leaf, "fork_branches": n.fork_branches,
+        "n_children": n.n_children, "call_id": n.call_id, "policy_version": n.policy_version,
+        "seq": n.seq,
+    }
 
 
 # -- executions ----------------------------------------------------------------------------------------
 def execution_row(conn: Connection, execution_id: str) -> dict[str, Any]:
-    row = conn.execute(sa.select(t.executions).where(t.executions.c.execution_id == execution_id)).mappings().first()
-    if row is None:
-        raise UnknownParentError(f"execution {execution_id} does not exist")
-    return dict(row)
+    return execution_reads.execution_row(conn, execution_id)
 
 
 def execution_version(conn: Connection, execution_id: str) -> int:
     """``last_seq`` of the execution: every change to it is an event that bumps it (cache key)."""
-    seq = conn.execute(sa.select(t.executions.c.last_seq).where(t.executions.c.execution_id == execution_id)
-                       ).scalar_one_or_none()
-    if seq is None:
-        raise UnknownParentError(f"execution {execution_id} does not exist")
-    return int(seq)
+    return execution_reads.execution_version(conn, execution_id)
 
 
 def reward_fields(ex: Any, leaf_id: str | None = None) -> dict[str, Any]:
@@ -103,47 +69,17 @@ def execution_out(row: Any) -> dict[str, Any]:
 
 def segments_of(conn: Connection, execution_id: str, nodes: Iterable[TreeNode] | None = None) -> list[dict[str, Any]]:
     """Segment roots: the context roots of segment 0, then one row per compaction."""
-    if nodes is None:
-        q = sa.select(_n.node_id, _n.seq).where(_n.execution_id == execution_id, _n.parent_id.is_(None),
-                                                _n.prev_segment_node.is_(None))
-        first = [{"segment": 0, "root_node": r.node_id, "from_node": None, "seq": r.seq} for r in conn.execute(q)]
-    else:
-        first = [{"segment": 0, "root_node": n.node_id, "from_node": None, "seq": n.seq}
-                 for n in nodes if n.parent_id is None and n.prev_segment_node is None]
-    s = t.segments.c
-    rest = conn.execute(sa.select(s.segment, s.root_node, s.from_node, s.seq).where(s.execution_id == execution_id))
-    out = first + [dict(r._mapping) for r in rest]
-    out.sort(key=lambda r: (r["seq"], r["segment"]))
-    return out
+    return tree_reader(conn).segment_roots(conn, execution_id, nodes)
 
 
 def scores_of(conn: Connection, execution_id: str) -> list[dict[str, Any]]:
-    s = t.scores.c
-    rows = conn.execute(sa.select(s.event_id, s.revision, s.score, s.components, s.scorer, s.note, s.created_at)
-                        .where(s.execution_id == execution_id).order_by(s.revision)).mappings()
-    return [dict(r) for r in rows]
+    return execution_reads.scores(conn, execution_id)
 
 
 # -- trees ---------------------------------------------------------------------------------------------
-def _node(r: Any) -> TreeNode:
-    return TreeNode(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5]), int(r[6]), bool(r[7]), int(r[8]), r[9], r[10],
-                    int(r[11]))
-
-
-def _nodes_query(execution_id: str) -> sa.Select[Any]:
-    return sa.select(*NODE_COLUMNS).where(_n.execution_id == execution_id).order_by(_n.seq, _n.depth, _n.node_id)
-
-
 def load_nodes(conn: Connection, execution_id: str) -> list[TreeNode]:
     """Every node of the execution in creation order (parents first), with levels and child counts."""
-    nodes = [_node(r) for r in conn.execute(_nodes_query(execution_id))]
-    index = {n.node_id: n for n in nodes}
-    for n in nodes:
-        up = index.get(n.up) if n.up else None
-        if up is not None:
-            n.level = up.level + 1
-            up.n_children += 1
-    return nodes
+    return tree_reader(conn).nodes(conn, execution_id)
 
 
 def full_tree(conn: Connection, ex: dict[str, Any], *, max_nodes: int, max_level: int | None) -> dict[str, Any]:
@@ -155,12 +91,12 @@ def full_tree(conn: Connection, ex: dict[str, Any], *, max_nodes: int, max_level
         kept = [n for n in nodes if max_level is None or n.level <= max_level]
         truncated = len(kept) < len(nodes)
     else:
-        kept, truncated = _prefix(conn, eid, max_nodes, max_level), True
+        kept, truncated = tree_reader(conn).node_prefix(conn, eid, max_nodes, max_level), True
     segments = segments_of(conn, eid, kept if not truncated else None)
     fork_points = [n.node_id for n in kept if n.fork_branches > 0 or n.n_children > 1]
     return {
         "execution": execution_out(ex),
-        "nodes": [n.out() for n in kept],
+        "nodes": [node_out(n) for n in kept],
         "segments": segments,
         "scores": scores_of(conn, eid),
         "fork_points": fork_points,
@@ -169,33 +105,6 @@ def full_tree(conn: Connection, ex: dict[str, Any], *, max_nodes: int, max_level
         "truncated": truncated,
         "limits": {"max_nodes": max_nodes, "max_level": max_level},
     }
-
-
-def _prefix(conn: Connection, eid: str, max_nodes: int, max_level: int | None) -> list[TreeNode]:
-    """The first ``max_nodes`` nodes (creation order) within ``max_level``; reads no more rows than needed."""
-    kept: list[TreeNode] = []
-    levels: dict[str, int] = {}
-    result = conn.execution_options(stream_results=True, yield_per=2000).execute(_nodes_query(eid))
-    try:
-        for r in result:
-            n = _node(r)
-            n.level = levels[n.up] + 1 if n.up in levels else 0
-            levels[n.node_id] = n.level
-            if max_level is None or n.level <= max_level:
-                kept.append(n)
-                if len(kept) >= max_nodes:
-                    break
-    finally:
-        result.close()
-    # child counts over the whole tree, not only the kept prefix
-    up = logical_parent_sql(_n.parent_id, _n.prev_segment_node)
-    by_id = {n.node_id: n for n in kept}
-    for node_id, count in conn.execute(
-        sa.select(up, sa.func.count()).where(_n.execution_id == eid, up.is_not(None)).group_by(up)
-    ):
-        if node_id in by_id:
-            by_id[node_id].n_children = int(count)
-    return kept
 
 
 def tree_summary(conn: Connection, ex: dict[str, Any]) -> dict[str, Any]:
@@ -247,7 +156,7 @@ def tree_summary(conn: Connection, ex: dict[str, Any]) -> dict[str, Any]:
                           "n_calls": 0, "tokens_by_role": {}})
     return {
         "execution": execution_out(ex),
-        "nodes": [{**n.out(), "kinds": kept[n.node_id]} for n in nodes if n.node_id in kept],
+        "nodes": [{**node_out(n), "kinds": kept[n.node_id]} for n in nodes if n.node_id in kept],
         "edges": edges,
         "segments": segments_of(conn, eid, nodes),
         "scores": scores_of(conn, eid),
@@ -274,29 +183,8 @@ def trajectories(conn: Connection, ex: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # -- paths and token pages -----------------------------------------------------------------------------
-@dataclass(slots=True)
-class PathRow:
-    node_id: str
-    parent_id: str | None
-    prev_segment_node: str | None
-    role: int
-    span_digest: bytes
-    length: int
-    depth: int
-    segment: int
-    call_id: str | None
-    policy_version: int | None
-    execution_id: str
-    offset: int = 0
-
-
 #: Immutable paths by end node (nodes never change once written, so neither does a path to the root).
 PathCache = LRU[str, list[PathRow]]
-
-
-def _across_segments(path: sa.CTE) -> sa.ColumnElement[Any]:
-    """The node before each path node across compactions: its parent, or for a segment root the summary."""
-    return logical_parent_sql(path.c.parent_id, path.c.prev_segment_node)
 
 
 def logical_path(conn: Connection, node_id: str, cache: PathCache | None = None) -> list[PathRow]:
@@ -305,30 +193,10 @@ def logical_path(conn: Connection, node_id: str, cache: PathCache | None = None)
         hit = cache.get(node_id)
         if hit is not None:
             return hit
-    cols = (_n.node_id, _n.parent_id, _n.prev_segment_node, _n.role, _n.span_digest, _n.length, _n.depth, _n.segment,
-            _n.call_id, _n.policy_version, _n.execution_id)
-    path = path_cte(sa.select(*cols, sa.literal(0).label("k")).where(_n.node_id == node_id), conn.dialect.name,
-                    link=_across_segments, counter="k", name="lpath")
-    rows = conn.execute(sa.select(*(path.c[c.name] for c in cols)).order_by(path.c.k.desc())).all()
-    if not rows:
-        raise UnknownParentError(f"node {node_id} does not exist")
-    out = [PathRow(r[0], r[1], r[2], int(r[3]), bytes(r[4]), int(r[5]), int(r[6]), int(r[7]), r[8], r[9], r[10])
-           for r in rows]
-    offset = 0
-    for p in out:
-        p.offset = offset
-        offset += p.length
+    out = tree_reader(conn).logical_path(conn, node_id)
     if cache is not None:
         cache.put(node_id, out)
     return out
-
-
-def _logprob_digests(conn: Connection, call_ids: Sequence[str]) -> dict[str, bytes]:
-    if not call_ids:
-        return {}
-    c = t.calls.c
-    rows = conn.execute(sa.select(c.call_id, c.logprobs_digest).where(c.call_id.in_(list(call_ids))))
-    return {r[0]: bytes(r[1]) for r in rows}
 
 
 def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
@@ -336,25 +204,18 @@ def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
     """The logical trajectory ending at ``node_id`` and its tokens/log-probs in ``[offset, offset+limit)``."""
     path = logical_path(conn, node_id, paths)
     leaf = path[-1]
-    e = t.executions.c
-    ex = conn.execute(sa.select(e.status, e.reward, e.score, e.leaf_rewards, _n.is_leaf)
-                      .select_from(t.nodes.join(t.executions, e.execution_id == _n.execution_id))
-                      .where(_n.node_id == node_id)).first()
+    reader = tree_reader(conn)
+    ex = reader.leaf_facts(conn, node_id)
     n_tokens = path[-1].offset + path[-1].length
     end = min(offset + limit, n_tokens)
     window = [p for p in path if p.offset < end and p.offset + p.length > offset]
-    data = load_spans(conn, [p.span_digest for p in window])
-    lp_digests = _logprob_digests(conn, [p.call_id for p in window if p.call_id and p.role in TRAINABLE])
-    lp_data = load_spans(conn, lp_digests.values()) if lp_digests else {}
+    slices = [PageSlice(p.span_digest, p.call_id if p.call_id and p.role in TRAINABLE else None,
+                        max(offset, p.offset) - p.offset, min(end, p.offset + p.length) - p.offset) for p in window]
     pieces = []
-    for p in window:
-        a, b = max(offset, p.offset) - p.offset, min(end, p.offset + p.length) - p.offset
-        ids = unpack_tokens(data[p.span_digest])[a:b]
-        lps = None
-        if p.call_id in lp_digests:
-            lps = unpack_logprobs(lp_data[lp_digests[p.call_id]])[a:b].tolist()
-        pieces.append({"node_id": p.node_id, "role": ROLE[p.role], "segment": p.segment, "offset": p.offset + a,
-                       "token_ids": ids.tolist(), "logprobs": lps, "call_id": p.call_id,
+    for p, s, page in zip(window, slices, reader.token_pages(conn, slices), strict=True):
+        pieces.append({"node_id": p.node_id, "role": ROLE[p.role], "segment": p.segment, "offset": p.offset + s.start,
+                       "token_ids": page.token_ids.tolist(),
+                       "logprobs": None if page.logprobs is None else page.logprobs.tolist(), "call_id": p.call_id,
                        "policy_version": p.policy_version})
     segments: list[dict[str, Any]] = []
     for p in path:
@@ -364,9 +225,10 @@ def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
         segments[-1]["n_tokens"] += p.length
     rewards: dict[str, Any] = {"reward": None, "final_reward": None, "latest_score": None, "reward_source": None}
     if ex is not None:
-        rewards = reward_fields(ex._mapping, leaf.node_id)
+        rewards = reward_fields(ex, leaf.node_id)
     return {
-        "execution_id": leaf.execution_id, "leaf_node_id": leaf.node_id, "is_leaf": bool(ex.is_leaf) if ex else True,
+        "execution_id": leaf.execution_id, "leaf_node_id": leaf.node_id,
+        "is_leaf": bool(ex["is_leaf"]) if ex is not None else True,
         **rewards,
         "n_tokens": n_tokens, "offset": offset, "limit": limit, "next_offset": end if end < n_tokens else None,
         "segments": segments,
@@ -379,28 +241,12 @@ def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
 
 def node_detail(conn: Connection, node_id: str, *, offset: int, limit: int) -> tuple[dict[str, Any], np.ndarray]:
     """A node's row and its tokens/log-probs in ``[offset, offset+limit)``; also returns the token slice."""
-    row = conn.execute(sa.select(*NODE_COLUMNS, _n.execution_id, _n.span_digest).where(_n.node_id == node_id)).first()
-    if row is None:
-        raise UnknownParentError(f"node {node_id} does not exist")
-    node = _node(row)
-    up = logical_parent_sql(_n.parent_id, _n.prev_segment_node)
-    node.n_children = int(conn.execute(sa.select(sa.func.count()).where(up == node_id)).scalar_one())
-    node.level = _level(conn, node_id)
+    reader = tree_reader(conn)
+    node, digest = reader.node(conn, node_id)
     end = min(offset + limit, node.length)
-    digest = bytes(row.span_digest)
-    ids = unpack_tokens(load_spans(conn, [digest])[digest])[offset:end]
-    lps = None
-    if node.call_id and node.role in TRAINABLE:
-        lpd = _logprob_digests(conn, [node.call_id]).get(node.call_id)
-        if lpd is not None:
-            lps = unpack_logprobs(load_spans(conn, [lpd])[lpd])[offset:end].tolist()
-    out = {**node.out(), "execution_id": row.execution_id, "offset": offset, "limit": limit,
-           "next_offset": end if end < node.length else None, "token_ids": ids.tolist(), "logprobs": lps,
-           "text": None}
-    return out, ids
-
-
-def _level(conn: Connection, node_id: str) -> int:
-    path = path_cte(sa.select(_n.node_id, _n.parent_id, _n.prev_segment_node).where(_n.node_id == node_id),
-                    conn.dialect.name, link=_across_segments, name="lvl")
-    return int(conn.execute(sa.select(sa.func.count()).select_from(path)).scalar_one()) - 1
+    call_id = node.call_id if node.call_id and node.role in TRAINABLE else None
+    (page,) = reader.token_pages(conn, [PageSlice(digest, call_id, offset, end)])
+    out = {**node_out(node), "execution_id": node.execution_id, "offset": offset, "limit": limit,
+           "next_offset": end if end < node.length else None, "token_ids": page.token_ids.tolist(),
+           "logprobs": None if page.logprobs is None else page.logprobs.tolist(), "text": None}
+    return out, page.token_ids

@@ -1,4 +1,5 @@
-"""Path reads (:mod:`sapwood.platform.spans`): results on both backends, and query plans on PostgreSQL."""
+"""Path reads of the tree reader (:mod:`sapwood.platform.storage.trees`, moved from ``test_spans.py``):
+results on both backends, and query plans on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,16 +10,23 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.api.queries.trees import _across_segments
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.events import ModelCall, SegmentBoundary
-from sapwood.platform.spans import _CALL_PATH, _NODE_PATH, call_input, path_cte, path_tokens
+from sapwood.platform.spans import call_input, path_tokens
+from sapwood.platform.storage.postgres.trees import PostgresTreeReader, lateral_step
+from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader, join_step
+from sapwood.platform.storage.trees_sql import SqlTreeReader, Step, path_cte
+from sapwood.platform.storage.trees_sql import across_segments as _across_segments
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from support.histories import expected_input
 
 _n = t.nodes.c
+_STEPS: dict[str, Step] = {"postgresql": lateral_step, "sqlite": join_step}
+_READERS: dict[str, SqlTreeReader] = {"postgresql": PostgresTreeReader(), "sqlite": SQLiteTreeReader()}
+_NODE_PATH = {d: r.context_tokens_sql for d, r in _READERS.items()}
+_CALL_PATH = {d: r.call_input_sql for d, r in _READERS.items()}
 
 
 def _applied(store: Store, *, calls: int = 40) -> Any:
@@ -59,9 +67,9 @@ def test_path_cte_crosses_compactions_with_a_link(store: Store) -> None:
     cols = (_n.node_id, _n.parent_id, _n.prev_segment_node, _n.segment)
     with store.transaction() as conn:
         path = path_cte(sa.select(*cols, sa.literal(0).label("k")).where(_n.node_id == boundary.root_node_id),
-                        conn.dialect.name, link=_across_segments, counter="k", name="lpath")
+                        _STEPS[conn.dialect.name], link=_across_segments, counter="k", name="lpath")
         rows = conn.execute(sa.select(*path.c).order_by(path.c.k)).all()
-        plain = path_cte(sa.select(*cols).where(_n.node_id == boundary.root_node_id), conn.dialect.name)
+        plain = path_cte(sa.select(*cols).where(_n.node_id == boundary.root_node_id), _STEPS[conn.dialect.name])
         within = conn.execute(sa.select(sa.func.count()).select_from(plain)).scalar_one()
     assert [r.k for r in rows] == list(range(len(rows)))
     assert rows[0].node_id == boundary.root_node_id and rows[1].node_id == boundary.from_node
@@ -99,7 +107,7 @@ def test_path_walks_probe_the_index_on_a_young_store(pg_url: str) -> None:
             start = sa.select(_n.node_id, _n.parent_id).where(_n.node_id == call.output_node_id)
             # The control, so that the assertions above can fail: the same walk as a plain recursive join
             # (the form path_cte builds for SQLite) is planned with a full scan of nodes on this store.
-            plain = path_cte(start, "sqlite")
+            plain = path_cte(start, join_step)
             assert "Seq Scan" in _scans_nodes(conn, sa.select(*plain.c), {})
     finally:
         store.close()
