@@ -7,14 +7,14 @@ import sqlalchemy as sa
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError
-from sapwood.platform.storage.offsets import OffsetStore, StaleOffsetError, offset_store_for
+from sapwood.platform.storage.offsets import OffsetStore, StaleOffsetError, offset_store
 from sapwood.platform.store import Store
 
 G, T = "group-a", "topic-a"
 
 
 def offsets(store: Store) -> OffsetStore:
-    return offset_store_for(store.engine)
+    return offset_store(store.engine)
 
 
 def rows(store: Store) -> set[tuple[str, str, int, int]]:
@@ -28,8 +28,8 @@ def test_the_store_matches_the_dialect(store: Store) -> None:
     kind = type(offsets(store)).__name__
     assert kind == {"sqlite": "SqliteOffsetStore", "postgresql": "PostgresOffsetStore"}[store.engine.dialect.name]
     with pytest.raises(ValueError, match="no offset store for dialect 'mysql'"):
-        offset_store_for("mysql")
-    assert offset_store_for(store.engine) is offset_store_for(store.engine.dialect.name), "one per dialect"
+        offset_store("mysql")
+    assert offset_store(store.engine) is offset_store(store.engine.dialect.name), "one per dialect"
 
 
 def test_first_commit_inserts_and_is_read_back(store: Store) -> None:

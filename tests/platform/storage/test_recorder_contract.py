@@ -22,7 +22,7 @@ from sapwood.platform.events import CellRegistered, ModelCall, PolicyPublished, 
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.storage.postgres.recorder import PostgresRecorder
 from sapwood.platform.storage.recorder import EventRecorder
-from sapwood.platform.storage.recorders import recorder_for
+from sapwood.platform.storage.recorders import event_recorder
 from sapwood.platform.storage.sqlite.recorder import SqliteRecorder
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
@@ -39,7 +39,7 @@ def _counts(store: Store) -> dict[str, int]:
 
 def test_recorder_for_picks_the_dialects_recorder(store: Store) -> None:
     with store.transaction() as conn:
-        recorder: EventRecorder = recorder_for(conn)
+        recorder: EventRecorder = event_recorder(conn)
     assert type(recorder) is {"sqlite": SqliteRecorder, "postgresql": PostgresRecorder}[store.dialect]
 
 
@@ -47,7 +47,7 @@ def test_a_batch_lands_whole_and_a_replay_changes_nothing(store: Store) -> None:
     w = small_execution(41)
     timer = PhaseTimer()
     with store.transaction() as conn:
-        first = recorder_for(conn).apply(w.events, timer=timer)
+        first = event_recorder(conn).apply(w.events, timer=timer)
     assert len(first.applied) == len(w.events) and first.duplicates == 0 and not first.rejected
     assert first.tokens == sum(e.n_tokens() for e in w.events)
     counts = _counts(store)
@@ -56,7 +56,7 @@ def test_a_batch_lands_whole_and_a_replay_changes_nothing(store: Store) -> None:
     assert counts["segments"] == sum(isinstance(e, SegmentBoundary) for e in w.events) == 2
     hashed = store.projection_hash()
     with store.transaction() as conn:
-        again = recorder_for(conn).apply(w.events, timer=timer)
+        again = event_recorder(conn).apply(w.events, timer=timer)
     assert (again.applied, again.duplicates, again.rejected) == ([], len(w.events), [])
     assert _counts(store) == counts and store.projection_hash() == hashed
     # The timer got every phase of both batches; each result holds its own batch's seconds.
@@ -74,10 +74,10 @@ def test_strict_failure_writes_nothing_and_lenient_rejects_only_the_bad_event(st
     bad.input_digest = "0" * 32
     before = _counts(store)
     with pytest.raises(DigestMismatchError), store.transaction() as conn:
-        recorder_for(conn).apply(w.events)
+        event_recorder(conn).apply(w.events)
     assert _counts(store) == before
     with store.transaction() as conn:
-        result = recorder_for(conn).apply(w.events, strict=False)
+        result = event_recorder(conn).apply(w.events, strict=False)
     assert [r.event for r in result.rejected] == [e for e in w.events[last_call:] if e.seq is not None
                                                   and e.seq >= bad.seq]  # its successors break the order
     assert result.applied == w.events[:last_call]
@@ -91,13 +91,13 @@ def test_stored_state_answers_what_the_recorder_stored(store: Store) -> None:
     w = small_execution(43)
     policy = PolicyPublished(run_id="run-contract", version=3, checkpoint="ckpt/3")
     with store.transaction() as conn:
-        recorder = recorder_for(conn)
+        recorder = event_recorder(conn)
         recorder.apply([*w.events, policy])
     calls = [e for e in w.events if isinstance(e, ModelCall)]
     execution_id = calls[0].execution_id
     assert execution_id is not None
     with store.transaction() as conn:
-        state = recorder_for(conn).stored_state()
+        state = event_recorder(conn).stored_state()
         prior = state.prior_events([calls[0].event_id, policy.event_id, "00000000-0000-4000-8000-000000000000"])
         assert set(prior) == {calls[0].event_id, policy.event_id}
         assert prior[calls[0].event_id][:3] == (calls[0].execution_id, calls[0].seq, "model_call")
@@ -126,9 +126,9 @@ def test_stored_state_answers_what_the_recorder_stored(store: Store) -> None:
 def test_cells_go_through_the_recorder(store: Store) -> None:
     cell = CellRegistered(cell_id="cell-7", tier="core", capacity=8)
     with store.transaction() as conn:
-        recorder_for(conn).apply([cell])
+        event_recorder(conn).apply([cell])
     with store.transaction() as conn:
-        row = recorder_for(conn).stored_state().cell("cell-7")
+        row = event_recorder(conn).stored_state().cell("cell-7")
     assert row is not None and (row["tier"], row["capacity"], row["role"]) == ("core", 8, "idle")
 
 
@@ -139,9 +139,9 @@ def test_both_dialects_store_the_same_projections(tmp_path: Path, pg_url: str) -
     for url in (f"sqlite:///{tmp_path / 'store.db'}", pg_url):
         store = Store.open(url)
         with store.transaction() as conn:
-            recorder_for(conn).apply(w.events[: len(w.events) // 2])
+            event_recorder(conn).apply(w.events[: len(w.events) // 2])
         with store.transaction() as conn:
-            recorder_for(conn).apply(w.events[len(w.events) // 2 :])
+            event_recorder(conn).apply(w.events[len(w.events) // 2 :])
         hashes.append(store.projection_hash())
         store.close()
     assert hashes[0] == hashes[1]

@@ -11,12 +11,12 @@ from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.events import CellHeartbeat, CellRegistered, PolicyPublished, RoleAssigned, SwitchPhase
 from sapwood.platform.storage.cells import cells, decisions
+from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.storage.runs import run_queue
 from sapwood.platform.storage.scheduler_signals import (
     in_flight,
     live_run_backlogs,
     recent_switch_phases,
-    stored_offsets,
 )
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
@@ -107,5 +107,5 @@ def test_in_flight_switch_phases_and_stored_offsets(store: Store) -> None:
         n, age = in_flight(conn, NOW + 1000.0)
         assert n == 1 and 0.0 < 1000.0 - age < 60.0, "started after NOW, within the test"
         assert recent_switch_phases(conn, 3) == [("c", "train", 3.0), ("c", "train", 2.0), ("c", "train", 1.0)]
-        assert stored_offsets(conn, "g", "x") == {0: 0, 2: 20}
-        assert stored_offsets(conn, "g", "y") == {}
+        assert offset_store(conn).read(conn, "g", "x") == {0: 0, 2: 20}
+        assert offset_store(conn).read(conn, "g", "y") == {}

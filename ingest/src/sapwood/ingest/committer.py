@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from sapwood.ingest.source import KafkaSource, TopicPartition
-from sapwood.platform.storage.offsets import OffsetStore, offset_store_for
+from sapwood.platform.storage.offsets import OffsetStore, offset_store
 from sapwood.platform.store import Store
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class OffsetCommitter:
 
     def bind(self, store: Store) -> None:
         """Use ``store``'s offset store (by its dialect)."""
-        self.offsets = offset_store_for(store.engine)
+        self.offsets = offset_store(store.engine)
 
     def _store(self) -> OffsetStore:
         if self.offsets is None:

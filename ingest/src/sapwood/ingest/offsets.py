@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from sqlalchemy.engine import Connection
 
-from sapwood.platform.storage.offsets import offset_store_for
+from sapwood.platform.storage.offsets import offset_store
 
 
 def load_offsets(conn: Connection, group: str, topic: str, partitions: Iterable[int] | None = None, *,
@@ -20,7 +20,7 @@ def load_offsets(conn: Connection, group: str, topic: str, partitions: Iterable[
     ``for_update`` locks the rows until the transaction ends (PostgreSQL), so two ingest
     processes cannot both advance one partition from the same offset.
     """
-    store = offset_store_for(conn)
+    store = offset_store(conn)
     return (store.lock if for_update else store.read)(conn, group, topic, partitions)
 
 
@@ -33,7 +33,7 @@ def store_offsets(conn: Connection, group: str, topic: str, offsets: dict[int, i
     A concurrent INSERT of the same partition fails on the primary key; either aborts the whole
     transaction: the caller re-reads the offsets and re-seeks.
     """
-    store = offset_store_for(conn)
+    store = offset_store(conn)
     expected = existing if isinstance(existing, Mapping) else store.read(conn, group, topic, existing)
     store.advance(conn, group, topic, offsets, expected=expected)
 

@@ -27,7 +27,7 @@ from sapwood.platform.events import Event
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.planner.batch import BatchPlanner
 from sapwood.platform.planner.results import ApplyResult, ContextCache, Rejected
-from sapwood.platform.storage.recorders import recorder_for
+from sapwood.platform.storage.recorders import event_recorder
 
 #: The batch planner under its former name (tests patch its ``plan`` to act between events).
 _Plan = BatchPlanner
@@ -43,7 +43,7 @@ def apply_events(conn: Connection, events: Sequence[Event], *, cache: ContextCac
     ``timer``: receives the batch's phase seconds (``ApplyResult.timings`` holds this batch's).
     The caller merges ``result.new_states`` into ``cache`` after its transaction commits.
     """
-    return recorder_for(conn).apply(events, cache=cache, strict=strict, replay=replay, timer=timer)
+    return event_recorder(conn).apply(events, cache=cache, strict=strict, replay=replay, timer=timer)
 
 
 __all__ = ["ApplyResult", "ContextCache", "PhaseTimer", "Rejected", "apply_events"]

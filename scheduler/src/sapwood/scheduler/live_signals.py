@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 import sapwood.platform.storage.scheduler_signals as signal_reads
 from sapwood.platform.storage.cells import cells as stored_cells
+from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.storage.scheduler_signals import in_flight as in_flight  # re-exported: one signal as stored
 from sapwood.platform.storage.scheduler_signals import throughput as throughput
 from sapwood.scheduler.signals import CellState, PartitionLag, RunBacklog, Signals
@@ -57,7 +58,7 @@ class KafkaLag:
         return {tp.partition: int(o.offset) for tp, o in got.items()}
 
     def stored(self, conn: Connection) -> dict[int, int]:
-        return signal_reads.stored_offsets(conn, self.group, self.topic)
+        return offset_store(conn).read(conn, self.group, self.topic)
 
     def combine(self, ends: dict[int, int], stored: dict[int, int]) -> tuple[PartitionLag, ...]:
         return tuple(PartitionLag(self.topic, p, end, stored.get(p, 0)) for p, end in sorted(ends.items()))

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from sapwood.platform.storage import store_stats as reads
+from sapwood.platform.storage.offsets import all_offsets
 from sapwood.platform.store import Store
 
 
@@ -23,7 +24,7 @@ def store_stats(store: Store) -> dict[str, Any]:
 
 
 def stored_offsets(conn: Connection) -> list[dict[str, Any]]:
-    return reads.stored_offsets(conn)
+    return all_offsets(conn)
 
 
 def kafka_end_offsets(bootstrap: str, topic_partitions: list[tuple[str, int]],

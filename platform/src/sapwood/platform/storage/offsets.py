@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError
 from sapwood.platform.storage.dialects import dialect_name, for_dialect
 
@@ -54,7 +56,7 @@ class OffsetStore(Protocol):
         ...
 
 
-def offset_store_for(dialect: str | Engine | Connection) -> OffsetStore:
+def offset_store(dialect: str | Engine | Connection) -> OffsetStore:
     """The offset store for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
     return _offset_store(dialect_name(dialect))
 
@@ -68,4 +70,12 @@ def _offset_store(name: str) -> OffsetStore:
     return for_dialect(name, "offset store", sqlite=SqliteOffsetStore, postgresql=PostgresOffsetStore)
 
 
-__all__ = ["OffsetStore", "StaleOffsetError", "offset_store_for"]
+def all_offsets(conn: Connection) -> list[dict[str, Any]]:
+    """``{group_id, topic, partition, next_offset}`` of every committed consumer offset, ordered."""
+    c = t.consumer_offsets.c
+    rows = conn.execute(sa.select(c.group_id, c.topic, c.partition, c.next_offset)
+                        .order_by(c.group_id, c.topic, c.partition)).mappings()
+    return [dict(r) for r in rows]
+
+
+__all__ = ["OffsetStore", "StaleOffsetError", "all_offsets", "offset_store"]

@@ -4,7 +4,7 @@ The planner (:mod:`sapwood.platform.planner`) is dialect-free: it reads the stor
 :class:`StoredState`, streams new spans into an optional :class:`SpanSink`, and returns the rows to
 write as one :class:`PlannedWrites`. An :class:`EventRecorder` implementation per dialect
 (:mod:`.sqlite.recorder`, :mod:`.postgres.recorder`) supplies the first two and writes the third;
-:func:`sapwood.platform.storage.recorders.recorder_for` picks the one for a connection.
+:func:`sapwood.platform.storage.recorders.event_recorder` picks the one for a connection.
 """
 
 from __future__ import annotations

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
+from sapwood.platform.storage.dialects import for_dialect
 from sapwood.platform.storage.postgres.recorder import PostgresRecorder
 from sapwood.platform.storage.recorder import EventRecorder
 from sapwood.platform.storage.sqlite.recorder import SqliteRecorder
 
 
-def recorder_for(conn: Connection) -> EventRecorder:
+def event_recorder(conn: Connection) -> EventRecorder:
     """The :class:`EventRecorder` of ``conn``'s dialect; raises ``ValueError`` for any other database."""
-    dialect = conn.dialect.name
-    if dialect == "postgresql":
-        return PostgresRecorder(conn)
-    if dialect == "sqlite":
-        return SqliteRecorder(conn)
-    raise ValueError(f"no event recorder for the {dialect!r} dialect; expected 'sqlite' or 'postgresql'")
+    return for_dialect(conn, "event recorder", sqlite=lambda: SqliteRecorder(conn),
+                       postgresql=lambda: PostgresRecorder(conn))
 
 
-__all__ = ["recorder_for"]
+__all__ = ["event_recorder"]

@@ -85,10 +85,3 @@ def recent_switch_phases(conn: Connection, last: int = 64) -> list[tuple[str, st
     c = t.switch_phases.c
     rows = conn.execute(sa.select(c.cell_id, c.role, c.duration_s).order_by(c.at.desc(), c.event_id).limit(last))
     return [(str(cell_id), str(role), float(d)) for cell_id, role, d in rows]
-
-
-def stored_offsets(conn: Connection, group: str, topic: str) -> dict[int, int]:
-    """Partition → the next offset ingest stored for ``group`` on ``topic`` (partitions it never stored are absent)."""
-    c = t.consumer_offsets.c
-    return {int(p): int(o) for p, o in conn.execute(
-        sa.select(c.partition, c.next_offset).where(c.group_id == group, c.topic == topic))}

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 from sqlalchemy.engine import Connection, Engine
 
+from sapwood.platform.storage.dialects import dialect_name, for_dialect
 from sapwood.platform.tokens import TokenArray
 from sapwood.platform.tree import NodeRecord, Role, logical_parent
 
@@ -206,15 +207,10 @@ class TreeReader(Protocol):
 
 @cache
 def _reader(name: str) -> TreeReader:
-    if name == "postgresql":
-        from sapwood.platform.storage.postgres.trees import PostgresTreeReader
+    from sapwood.platform.storage.postgres.trees import PostgresTreeReader
+    from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader
 
-        return PostgresTreeReader()
-    if name == "sqlite":
-        from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader
-
-        return SQLiteTreeReader()
-    raise ValueError(f"no tree reader for dialect {name!r}; expected 'sqlite' or 'postgresql'")
+    return for_dialect(name, "tree reader", sqlite=SQLiteTreeReader, postgresql=PostgresTreeReader)
 
 
 def tree_reader(dialect: str | Engine | Connection) -> TreeReader:
@@ -222,4 +218,4 @@ def tree_reader(dialect: str | Engine | Connection) -> TreeReader:
 
     One instance per dialect: its statements are built once.
     """
-    return _reader(dialect if isinstance(dialect, str) else dialect.dialect.name)
+    return _reader(dialect_name(dialect))
