@@ -11,19 +11,21 @@ Contexts are rebuilt from the tree by the tree reader (:mod:`sapwood.platform.st
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.span_encoding import decode_span, encode_span
+from sapwood.platform.span_encoding import decode_span
+from sapwood.platform.storage.dialects import for_dialect
+from sapwood.platform.storage.spans_sql import CHUNK
 from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.tokens import TokenArray
 
-_CHUNK = 1000
 
 def uuid_in(column: sa.ColumnElement[Any], param: str) -> sa.ColumnElement[bool]:
     """``column IN :param`` for a UUID column on PostgreSQL, ``param`` bound to one ``uuid[]`` literal
@@ -40,42 +42,32 @@ def uuid_in(column: sa.ColumnElement[Any], param: str) -> sa.ColumnElement[bool]
 
 def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
     """The subset of ``digests`` already stored."""
-    wanted = list(digests)
-    found: set[bytes] = set()
-    if conn.dialect.name == "postgresql" and wanted:
-        literal = "{" + ",".join("\\\\x" + d.hex() for d in wanted) + "}"  # one bytea[] literal, no per-item binds
-        rows = conn.execute(sa.text("SELECT digest FROM spans WHERE digest IN (SELECT unnest(CAST(:d AS bytea[])))"),
-                            {"d": literal})
-        return {bytes(r[0]) for r in rows}
-    for i in range(0, len(wanted), _CHUNK):
-        chunk = wanted[i : i + _CHUNK]
-        found.update(bytes(r[0]) for r in conn.execute(sa.select(t.spans.c.digest).where(t.spans.c.digest.in_(chunk))))
-    return found
+    return _span_writes(conn).existing_digests(conn, digests)
 
 
 def new_span_rows(conn: Connection, spans: dict[bytes, np.ndarray]) -> list[tuple[bytes, int, bytes]]:
-    """(digest, encoding, stored bytes) of the spans (digest → canonical array) not stored yet."""
-    stored = existing_digests(conn, spans) if conn.dialect.name != "sqlite" else set()
-    return [(d, *encode_span(arr)) for d, arr in spans.items() if d not in stored]
+    """(digest, encoding, stored bytes) of the spans (digest → canonical array) that need writing."""
+    return _span_writes(conn).new_span_rows(conn, spans)
 
 
 def insert_span_rows(conn: Connection, rows: list[tuple[bytes, int, bytes]]) -> None:
-    """Insert span rows with SQLAlchemy (SQLite: ``INSERT OR IGNORE``); PostgreSQL uses :mod:`bulkcopy`."""
-    if not rows:
-        return
-    values = [{"digest": d, "encoding": enc, "data": data} for d, enc, data in rows]
-    if conn.dialect.name == "sqlite":
-        conn.execute(sqlite.insert(t.spans).on_conflict_do_nothing(index_elements=["digest"]), values)
-    else:
-        conn.execute(t.spans.insert(), values)
+    """Insert span rows with SQLAlchemy (SQLite: ``INSERT OR IGNORE``); PostgreSQL's recorder uses :mod:`bulkcopy`."""
+    _span_writes(conn).insert_span_rows(conn, rows)
+
+
+def _span_writes(conn: Connection) -> ModuleType:
+    from sapwood.platform.storage.postgres import spans as pg_spans
+    from sapwood.platform.storage.sqlite import spans as sqlite_spans
+
+    return for_dialect(conn, "span store", sqlite=lambda: sqlite_spans, postgresql=lambda: pg_spans)
 
 
 def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]:
     """Fetch span bytes by digest."""
     wanted = list({bytes(d) for d in digests})
     out: dict[bytes, bytes] = {}
-    for i in range(0, len(wanted), _CHUNK):
-        chunk = wanted[i : i + _CHUNK]
+    for i in range(0, len(wanted), CHUNK):
+        chunk = wanted[i : i + CHUNK]
         q = sa.select(t.spans.c.digest, t.spans.c.encoding, t.spans.c.data).where(t.spans.c.digest.in_(chunk))
         for d, enc, data in conn.execute(q):
             out[bytes(d)] = decode_span(enc, data)
