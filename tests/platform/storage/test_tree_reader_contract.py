@@ -73,7 +73,7 @@ def test_the_logical_path_crosses_two_compactions(store: Store, tree: Tree) -> N
     assert [p.segment for p in path] == tree.segments
     assert {p.execution_id for p in path} == {w.execution_id}
     # each node's logical parent is the node before it; segment roots continue the summaries
-    assert [p.record.logical_parent for p in path] == [None, *tree.path[:-1]]
+    assert [p.up for p in path] == [None, *tree.path[:-1]]
     assert [p.prev_segment_node for p in path if p.parent_id is None] == [None, *tree.summaries]
     lengths = [p.length for p in path]
     assert [p.offset for p in path] == np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist()
@@ -100,7 +100,7 @@ def test_levels_and_child_counts_follow_the_logical_parent(store: Store, tree: T
     assert [by_id[nid].is_leaf for nid in tree.path] == [False] * (len(tree.path) - 1) + [True]
     for nid, one in single.items():
         assert (one.level, one.n_children, one.is_leaf) == (by_id[nid].level, by_id[nid].n_children, by_id[nid].is_leaf)
-    assert by_id[tree.path[2]].record.role is Role.ACTION and by_id[tree.summaries[0]].role == Role.SUMMARY
+    assert Role(by_id[tree.path[2]].role) is Role.ACTION and by_id[tree.summaries[0]].role == Role.SUMMARY
 
 
 def test_a_root_with_no_children(store: Store, tree: Tree) -> None:

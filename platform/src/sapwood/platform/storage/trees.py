@@ -30,41 +30,11 @@ from sqlalchemy.engine import Connection, Engine
 
 from sapwood.platform.storage.dialects import dialect_name, for_dialect
 from sapwood.platform.tokens import TokenArray
-from sapwood.platform.tree import NodeRecord, Role, logical_parent
+from sapwood.platform.tree import NodeRecord
 
 
 @dataclass(slots=True)
-class StoredNode:
-    """:class:`~sapwood.platform.tree.NodeRecord`'s fields, mutable, as the reader's records carry them.
-
-    Not a subclass of the frozen record: readers fill derived fields after the read, and build one per
-    row of a tree listing (a frozen dataclass is about 10x dearer to build); :attr:`record` gives it.
-    """
-
-    node_id: str
-    execution_id: str
-    parent_id: str | None
-    prev_segment_node: str | None
-    role: int
-    """A :class:`~sapwood.platform.tree.Role` code."""
-    depth: int
-    """Context tokens before the node (its offset in its segment's context)."""
-    length: int
-    segment: int
-
-    @property
-    def up(self) -> str | None:
-        """The previous node of the logical trajectory (:func:`sapwood.platform.tree.logical_parent`)."""
-        return logical_parent(self.parent_id, self.prev_segment_node)
-
-    @property
-    def record(self) -> NodeRecord:
-        return NodeRecord(self.node_id, self.execution_id, self.parent_id, self.prev_segment_node, Role(self.role),
-                          self.depth, self.length, self.segment)
-
-
-@dataclass(slots=True)
-class TreeNode(StoredNode):
+class TreeNode(NodeRecord):
     """One node of an execution's tree, with its tree facts."""
 
     is_leaf: bool
@@ -79,7 +49,7 @@ class TreeNode(StoredNode):
 
 
 @dataclass(slots=True)
-class PathNode(StoredNode):
+class PathNode(NodeRecord):
     """One node of a logical path (root first), with its span and its offset in the path's tokens."""
 
     span_digest: bytes

@@ -14,8 +14,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from sapwood.platform.tree.roles import Role
-
 
 def logical_parent(parent_id: str | None, prev_segment_node: str | None) -> str | None:
     """The node before this one on its logical trajectory: its parent, else the summary a segment root continues."""
@@ -40,7 +38,8 @@ class NodeRecord:
     execution_id: str
     parent_id: str | None
     prev_segment_node: str | None
-    role: Role
+    role: int
+    """A :class:`~sapwood.platform.tree.Role` code (records are built from plain integers)."""
     depth: int
     length: int
     segment: int
@@ -51,6 +50,6 @@ class NodeRecord:
         return self.depth + self.length
 
     @property
-    def logical_parent(self) -> str | None:
-        """See :func:`logical_parent`."""
+    def up(self) -> str | None:
+        """The node before this one on its logical trajectory (:func:`logical_parent`)."""
         return logical_parent(self.parent_id, self.prev_segment_node)
