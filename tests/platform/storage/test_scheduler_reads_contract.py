@@ -94,6 +94,7 @@ def test_backlog_counts_what_no_learner_holds(store: Store) -> None:
 
 
 def test_in_flight_switch_phases_and_stored_offsets(store: Store) -> None:
+    began = time.time()  # not the module's NOW: the whole suite may have run minutes since its import
     _execution(store, 3)
     _execution(store, 3, finish=False)
     store.apply([CellRegistered(cell_id="c", created_at=NOW - 100)])
@@ -104,7 +105,7 @@ def test_in_flight_switch_phases_and_stored_offsets(store: Store) -> None:
             {"group_id": "g", "topic": "x", "partition": p, "next_offset": 10 * p, "updated_at": NOW} for p in (0, 2)])
         conn.execute(t.consumer_offsets.insert(), [
             {"group_id": "other", "topic": "x", "partition": 1, "next_offset": 99, "updated_at": NOW}])
-        n, age = in_flight(conn, NOW + 1000.0)
+        n, age = in_flight(conn, began + 1000.0)
         assert n == 1 and 0.0 < 1000.0 - age < 60.0, "started after NOW, within the test"
         assert recent_switch_phases(conn, 3) == [("c", "train", 3.0), ("c", "train", 2.0), ("c", "train", 1.0)]
         assert offset_store(conn).read(conn, "g", "x") == {0: 0, 2: 20}
