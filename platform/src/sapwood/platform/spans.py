@@ -19,10 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from sapwood.platform import schema as t
-from sapwood.platform.span_encoding import decode_span
 from sapwood.platform.storage.dialects import for_dialect
-from sapwood.platform.storage.spans_sql import CHUNK
+from sapwood.platform.storage.spans_sql import load_spans as load_spans  # re-exported: the one span read
 from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.tokens import TokenArray
 
@@ -60,18 +58,6 @@ def _span_writes(conn: Connection) -> ModuleType:
     from sapwood.platform.storage.sqlite import spans as sqlite_spans
 
     return for_dialect(conn, "span store", sqlite=lambda: sqlite_spans, postgresql=lambda: pg_spans)
-
-
-def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]:
-    """Fetch span bytes by digest."""
-    wanted = list({bytes(d) for d in digests})
-    out: dict[bytes, bytes] = {}
-    for i in range(0, len(wanted), CHUNK):
-        chunk = wanted[i : i + CHUNK]
-        q = sa.select(t.spans.c.digest, t.spans.c.encoding, t.spans.c.data).where(t.spans.c.digest.in_(chunk))
-        for d, enc, data in conn.execute(q):
-            out[bytes(d)] = decode_span(enc, data)
-    return out
 
 
 def path_tokens(conn: Connection, node_id: str) -> TokenArray:

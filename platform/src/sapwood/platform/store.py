@@ -14,20 +14,19 @@ from sqlalchemy import event as sa_event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from sapwood.platform import schema as t
 from sapwood.platform.apply import ApplyResult, ContextCache, apply_events
 from sapwood.platform.errors import (
     ConflictError,
     SapwoodError,
     StoreError,
     StoreUnavailableError,
-    UnknownParentError,
 )
 from sapwood.platform.events import Event
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.projection import projection_hash, rebuild_projections
-from sapwood.platform.runs import FINISHED
 from sapwood.platform.spans import call_input, load_spans, path_tokens
+from sapwood.platform.storage.calls import output_digests
+from sapwood.platform.storage.store_stats import finished_executions, store_counts
 from sapwood.platform.tokens import FloatArray, TokenArray, unpack_logprobs, unpack_tokens
 
 
@@ -186,55 +185,33 @@ class Store:
     def call_output(self, call_id: str) -> tuple[TokenArray, FloatArray]:
         """Output ids [n] and rollout log-probs [n] of model call ``call_id``."""
         with self.transaction() as conn:
-            row = conn.execute(
-                sa.select(t.nodes.c.span_digest, t.calls.c.logprobs_digest)
-                .select_from(t.calls.join(t.nodes, t.nodes.c.node_id == t.calls.c.output_node))
-                .where(t.calls.c.call_id == call_id)
-            ).first()
-            if row is None:
-                raise UnknownParentError(f"model call {call_id} does not exist")
-            spans = load_spans(conn, [row.span_digest, row.logprobs_digest])
-        return unpack_tokens(spans[bytes(row.span_digest)]), unpack_logprobs(spans[bytes(row.logprobs_digest)])
+            tokens_digest, logprobs_digest = output_digests(conn, call_id)
+            spans = load_spans(conn, [tokens_digest, logprobs_digest])
+        return unpack_tokens(spans[tokens_digest]), unpack_logprobs(spans[logprobs_digest])
 
     def stats(self) -> dict[str, Any]:
         """Store-wide counts; ``dedup_ratio`` = tokens a naive per-call store would hold ÷ tree tokens."""
         with self.transaction() as conn:
-            c = t.calls.c
-            calls = conn.execute(
-                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(c.input_len), 0),
-                          sa.func.coalesce(sa.func.sum(c.n_output), 0))
-            ).one()
-            n = t.nodes.c
-            tree = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(n.length), 0))).one()
-            ex = conn.execute(sa.select(t.executions.c.status, sa.func.count()).group_by(t.executions.c.status)).all()
-            span_rows, span_bytes = conn.execute(
-                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(sa.func.length(t.spans.c.data)), 0))
-            ).one()
-            n_events = conn.execute(sa.select(sa.func.count()).select_from(t.events)).scalar_one()
-            forks = conn.execute(sa.select(sa.func.count()).where(n.fork_branches > 0)).scalar_one()
-            segs = conn.execute(sa.select(sa.func.count()).select_from(t.segments)).scalar_one()
-        naive = int(calls[1]) + int(calls[2])
-        tree_tokens = int(tree[1])
+            counts = store_counts(conn)
+        naive = counts.call_input_tokens + counts.call_output_tokens
         return {
-            "events": int(n_events),
-            "executions": {s: int(k) for s, k in ex},
-            "calls": int(calls[0]),
-            "nodes": int(tree[0]),
-            "fork_points": int(forks),
-            "compactions": int(segs),
-            "tree_tokens": tree_tokens,
+            "events": counts.events,
+            "executions": counts.executions_by_status,
+            "calls": counts.calls,
+            "nodes": counts.nodes,
+            "fork_points": counts.fork_points,
+            "compactions": counts.compactions,
+            "tree_tokens": counts.tree_tokens,
             "naive_tokens": naive,
-            "dedup_ratio": round(naive / tree_tokens, 3) if tree_tokens else None,
-            "span_rows": int(span_rows),
-            "span_bytes": int(span_bytes),
+            "dedup_ratio": round(naive / counts.tree_tokens, 3) if counts.tree_tokens else None,
+            "span_rows": counts.span_rows,
+            "span_bytes": counts.span_bytes,
         }
 
     def finished_executions(self, run_id: str) -> int:
         """How many executions of ``run_id`` have finished (status success, timeout or error)."""
-        c = t.executions.c
         with self.transaction() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).where(
-                c.run_id == run_id, c.status.in_(FINISHED))).scalar_one())
+            return finished_executions(conn, run_id)
 
     def token_array(self, digest: bytes) -> np.ndarray:
         with self.transaction() as conn:

@@ -74,3 +74,13 @@ def calls_seeing_page(conn: Connection, node_id: str, *, after_seq: int | None, 
     if after_seq is not None:
         q = q.where(_c.seq > after_seq)
     return list(conn.execute(q.order_by(_c.seq).limit(limit)).all())
+
+
+def output_digests(conn: Connection, call_id: str) -> tuple[bytes, bytes]:
+    """``(output tokens' span digest, rollout log-probs' span digest)`` of model call ``call_id``."""
+    row = conn.execute(sa.select(_n.span_digest, _c.logprobs_digest)
+                       .select_from(t.calls.join(t.nodes, _n.node_id == _c.output_node))
+                       .where(_c.call_id == call_id)).first()
+    if row is None:
+        raise UnknownParentError(f"model call {call_id} does not exist")
+    return bytes(row[0]), bytes(row[1])

@@ -1,4 +1,4 @@
-"""Span reads and writes both dialects share (chunked ``IN`` look-ups, encoding of new rows)."""
+"""Span reads and writes both dialects share (chunked ``IN`` look-ups, loading by digest, encoding of new rows)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.span_encoding import encode_span
+from sapwood.platform.span_encoding import decode_span, encode_span
 
 CHUNK = 1000
 """Digests per ``IN (...)`` look-up (bind parameters per statement stay well below SQLite's limit)."""
@@ -28,3 +28,15 @@ def encode_rows(spans: dict[bytes, np.ndarray], skip: Iterable[bytes] = ()) -> l
     """(digest, encoding, stored bytes) of ``spans`` (digest → canonical array) not in ``skip``."""
     stored = set(skip)
     return [(d, *encode_span(arr)) for d, arr in spans.items() if d not in stored]
+
+
+def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]:
+    """Fetch span bytes by digest."""
+    wanted = list({bytes(d) for d in digests})
+    out: dict[bytes, bytes] = {}
+    for i in range(0, len(wanted), CHUNK):
+        chunk = wanted[i : i + CHUNK]
+        q = sa.select(t.spans.c.digest, t.spans.c.encoding, t.spans.c.data).where(t.spans.c.digest.in_(chunk))
+        for d, enc, data in conn.execute(q):
+            out[bytes(d)] = decode_span(enc, data)
+    return out

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.span_encoding import decode_span
-from sapwood.platform.spans import load_spans
+from sapwood.platform.storage.spans_sql import load_spans
 from sapwood.platform.storage.trees import (
     BatchNode,
     BatchRows,

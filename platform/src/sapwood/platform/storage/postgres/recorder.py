@@ -26,7 +26,8 @@ from sapwood.platform.bulkcopy import COPY_MIN_ROWS, Payload, send_overlapped, s
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.replays import Prior
 from sapwood.platform.span_stream import SpanStream
-from sapwood.platform.spans import new_span_rows, uuid_in
+from sapwood.platform.spans import uuid_in
+from sapwood.platform.storage.postgres.spans import new_span_rows
 from sapwood.platform.storage.recorder import PlannedWrites, Row
 from sapwood.platform.storage.recorder_sql import (
     EVENT_KEYS,

@@ -7,9 +7,9 @@ SQLite runs in-process, so nothing overlaps: new spans are written after plannin
 from __future__ import annotations
 
 from sapwood.platform.phase_timer import PhaseTimer
-from sapwood.platform.spans import insert_span_rows, new_span_rows
 from sapwood.platform.storage.recorder import PlannedWrites
 from sapwood.platform.storage.recorder_sql import SqlRecorder, insert_rows, write_updates
+from sapwood.platform.storage.sqlite.spans import insert_span_rows, new_span_rows
 
 
 class SqliteRecorder(SqlRecorder):
