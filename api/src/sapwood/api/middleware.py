@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -95,14 +96,15 @@ class HeaderLimitMiddleware:
         await self.app(scope, receive, send)
 
 
-class ResponseStartRewriter:
+class ResponseStartRewriter(ABC):
     """Base of middleware that edits the status line's headers of HTTP responses (``rewrite``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
+    @abstractmethod
     def rewrite(self, scope: Scope, message: Message) -> None:
-        raise NotImplementedError
+        """Edit the ``http.response.start`` ``message`` of the request ``scope`` in place."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -8,6 +8,7 @@ row lock because the API's write transaction holds the database's write lock fro
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -46,8 +47,9 @@ class ApiKeyStore(Protocol):
 class SqlApiKeyStore(ApiKeyStore):
     """:class:`ApiKeyStore` in portable SQL; a subclass supplies :meth:`lock` (the backend's row lock)."""
 
+    @abstractmethod
     def lock(self, q: sa.Select[Any]) -> sa.Select[Any]:
-        raise NotImplementedError
+        """``q`` with the backend's row lock (PostgreSQL ``FOR UPDATE``; SQLite relies on ``BEGIN IMMEDIATE``)."""
 
     def insert(self, conn: Connection, row: dict[str, Any]) -> None:
         conn.execute(t.api_keys.insert().values(**row))

@@ -9,6 +9,7 @@ recorders run after their inserts.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -100,7 +101,7 @@ class SqlStoredState:
         return dict(found) if found is not None else None
 
 
-class SqlRecorder:
+class SqlRecorder(ABC):
     """An :class:`~sapwood.platform.storage.recorder.EventRecorder` on ``conn``: the planner
     (:func:`~sapwood.platform.planner.run.apply_batch`) over a dialect's :meth:`stored_state`,
     span sink (:meth:`open_sink`, none by default) and :meth:`write`."""
@@ -121,9 +122,9 @@ class SqlRecorder:
         """Where the batch's new spans stream while it is planned; None (the default): written at the end."""
         return None
 
+    @abstractmethod
     def write(self, writes: PlannedWrites, timer: PhaseTimer) -> None:
         """Store ``writes`` in the transaction, crediting ``spans``, ``payloads`` and ``store`` to ``timer``."""
-        raise NotImplementedError
 
 
 def insert_rows(conn: Connection, table_name: str, rows: list[Row]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from abc import abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -67,13 +68,13 @@ def available(now: float) -> Any:
 class SqlRunQueue(RunQueue):
     """The run queue in portable SQL; see :mod:`sapwood.platform.storage.runs` for the contract."""
 
+    @abstractmethod
     def lock_candidates(self, q: sa.Select[Any], *, skip_locked: bool) -> sa.Select[Any]:
         """``q`` with the backend's row locks (``skip_locked``: skip rows another transaction locked)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def insert_new_items(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert ``rows`` into ``run_items``, skipping any (run, execution) already there."""
-        raise NotImplementedError
 
     # -- runs ------------------------------------------------------------------------------------------
     def create(self, conn: Connection, run_id: str, *, kind: RunKind, filter_json: dict[str, Any], seed: int,
