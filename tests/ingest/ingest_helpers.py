@@ -11,6 +11,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,23 @@ from sapwood.platform import schema as t
 from sapwood.platform.events import Event
 from sapwood.platform.store import Store
 from sapwood.rollout import ExecutionRecorder, Recorder
+
+
+@dataclass(frozen=True)
+class FakeTopicPartition:
+    """Stands in for kafka-python's ``TopicPartition`` in tests of the ingest's parts without a broker."""
+
+    topic: str
+    partition: int
+
+
+@dataclass
+class FakeRecord:
+    """Stands in for a consumed Kafka record (the fields the ingest reads)."""
+
+    offset: int
+    value: bytes = b""
+    key: bytes | None = b"exec-key"
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -10,22 +10,13 @@ from typing import Any
 
 import pytest
 
+from ingest.ingest_helpers import FakeRecord as Record
+from ingest.ingest_helpers import FakeTopicPartition as TP
 from sapwood.ingest.committer import NOT_ASSIGNED, OffsetCommitter
 from sapwood.ingest.offsets import load_offsets, store_offsets
 from sapwood.platform.store import Store
 
 G, T = "g", "events"
-
-
-@dataclass(frozen=True)
-class TP:
-    topic: str
-    partition: int
-
-
-@dataclass
-class Record:
-    offset: int
 
 
 @dataclass

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ingest.ingest_helpers import FakeRecord as Record
+from ingest.ingest_helpers import FakeTopicPartition as TP
 from sapwood.ingest.deadletters import DeadLetter
 from sapwood.ingest.metrics import IngestMetrics, IngestSensor
 from sapwood.ingest.records import SkippedRecord, decode_records
@@ -15,19 +16,6 @@ from sapwood.platform.apply import ApplyResult, Rejected
 from sapwood.platform.codec import decode, encode
 from sapwood.platform.errors import SequenceError
 from sapwood.platform.events import ExecutionStarted
-
-
-@dataclass(frozen=True)
-class TP:
-    topic: str
-    partition: int
-
-
-@dataclass
-class Record:
-    offset: int
-    value: bytes
-    key: bytes | None = b"exec-key"
 
 
 def started() -> ExecutionStarted:
