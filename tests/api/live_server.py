@@ -44,12 +44,17 @@ def serve_in_thread(app: FastAPI, *, timeout_s: float = 30.0) -> Iterator[str]:
 
 @contextlib.contextmanager
 def sapwood_serve(env: dict[str, str], *args: str, timeout_s: float = 120.0,
-                  output: IO[str] | None = None) -> Iterator[str]:
-    """``sapwood serve`` as deployed (a subprocess; ``args`` e.g. ``--workers 2``) on a free port; yields its URL."""
+                  output: IO[str] | None = None, pids: list[int] | None = None) -> Iterator[str]:
+    """``sapwood serve`` as deployed (a subprocess; ``args`` e.g. ``--workers 2``) on a free port; yields its URL.
+
+    ``pids``, when given, receives the server's process id (``sapwood serve`` becomes the server: same pid).
+    """
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sapwood.platform.cli", "serve", "--port", str(port), *args],
                             env={**os.environ, **env}, stdout=output, stderr=subprocess.STDOUT if output else None)
     base = f"http://127.0.0.1:{port}"
+    if pids is not None:
+        pids.append(proc.pid)
     try:
         deadline = time.monotonic() + timeout_s
         while True:

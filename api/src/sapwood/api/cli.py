@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -39,10 +38,13 @@ def serve(
     migrate: Annotated[bool, typer.Option(help="apply database migrations first")] = True,
     log_level: str = "info",
 ) -> None:
-    """Run the REST API (uvicorn) over the store."""
-    import uvicorn
+    """Run the REST API (uvicorn) over the store.
 
+    The server itself runs in a fresh interpreter that imports only the API (see
+    :mod:`sapwood.api.server`); this process migrates, binds the socket and then becomes that server.
+    """
     from sapwood.api.config import ApiSettings
+    from sapwood.api.server import exec_server
 
     if database_url:
         os.environ["SAPWOOD_DATABASE_URL"] = database_url  # the workers build their app from the environment
@@ -53,15 +55,9 @@ def serve(
         _migrate(settings.database_url)
     sock = listen_socket(host or settings.api_host, port or settings.api_port)
     typer.echo(f"serving on http://{host or settings.api_host}:{sock.getsockname()[1]}", err=True)
-    extra: dict[str, Any] = {}
-    if "timeout_worker_healthcheck" in inspect.signature(uvicorn.run).parameters:
-        extra["timeout_worker_healthcheck"] = 60  # a busy machine can take longer than the 5 s default to import
-    # h11 (when selected) buffers at most this much of an incomplete request head; with httptools the
-    # app's HeaderLimitMiddleware answers 431 above SAPWOOD_API_MAX_HEADER_BYTES.
-    extra["h11_max_incomplete_event_size"] = settings.api_max_header_bytes
     typer.echo(f"web viewer: http://{host or settings.api_host}:{sock.getsockname()[1]}/ui/", err=True)
-    uvicorn.run("sapwood.api.main:create_app", factory=True, fd=sock.fileno(),
-                workers=workers or settings.api_workers, log_level=log_level, access_log=log_level == "debug", **extra)
+    exec_server(sock.fileno(), workers=workers or settings.api_workers, log_level=log_level,
+                max_header_bytes=settings.api_max_header_bytes)
 
 
 def _migrate(database_url: str) -> None:
