@@ -57,7 +57,7 @@ def post_raw(client: TestClient, keys: Keys, url: str, raw: str) -> Any:
     pytest.param(deep(300), id="300 levels"),
     pytest.param(deep(33), id="33 levels"),
     pytest.param({"k": "x" * 70_000}, id="70 KB"),
-    pytest.param({"big": 2**70}, id="int above 64 bits"),
+    pytest.param({"big": 2**70 + 1}, id="int above 64 bits that no double holds"),
 ])
 def test_a_run_config_the_store_could_not_read_back_is_refused(any_store: Store, config: Any) -> None:
     keys = make_keys(any_store)

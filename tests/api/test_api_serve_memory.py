@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from api.live_server import sapwood_serve
 
 #: Bound on an idle worker's resident memory. With torch loaded (what the ``sapwood`` command's other

@@ -17,9 +17,12 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from sapwood.platform.errors import ValidationError
+from sapwood.platform.json_values import check_json_numbers
 from sapwood.platform.runs import (
     CONFIG_MAX_BYTES,
     CONFIG_MAX_DEPTH,
+    JSON_INT_MAX,
+    JSON_INT_MIN,
     JSON_NUMBER_MAX,
     JSON_NUMBER_MIN,
     RUN_ID_PATTERN,
@@ -34,7 +37,7 @@ RoleName = Literal["prompt", "observation", "action", "summary"]
 NO_NUL = r"^[^\x00]*$"
 ShortText = Annotated[str, StringConstraints(max_length=128, pattern=NO_NUL)]
 RunId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=RUN_ID_PATTERN)]
-FiniteFloat = Annotated[JsonNumber, Field(allow_inf_nan=False)]
+FiniteFloat = Annotated[JsonNumber, Field(allow_inf_nan=False, ge=JSON_NUMBER_MIN, le=JSON_NUMBER_MAX)]
 INT32_MAX = 2**31 - 1
 
 
@@ -134,15 +137,16 @@ def _keys_without_nul(value: dict[str, Any]) -> dict[str, Any]:
 #: An object whose keys have no NUL (``propertyNames`` in the schema; pydantic would write a key pattern
 #: as ``patternProperties``, which lets other keys through as additional properties).
 _NO_NUL_KEYS = Field(json_schema_extra={"propertyNames": {"pattern": NO_NUL}})
-#: A JSON value the store can hold and read back (text without NUL, numbers within ±2**63); a run's
+#: A JSON value the store can hold and read back (text without NUL, numbers that are IEEE-754 doubles
+#: exactly: integers within ±2**53 stay integers, larger exact ones are read as floats); a run's
 #: config is an object of them. Depth, size and lone surrogates are checked after parsing.
 if TYPE_CHECKING:  # mypy cannot follow a recursive TypeAliasType
     JsonValue = Any
 else:
     JsonValue = TypeAliasType("JsonValue", Union[  # noqa: UP007 (a recursive alias needs the Union form)
         NoNulText,
-        Annotated[int, Field(ge=JSON_NUMBER_MIN, le=JSON_NUMBER_MAX)],
-        Annotated[float, Field(ge=JSON_NUMBER_MIN, le=JSON_NUMBER_MAX, allow_inf_nan=False)],
+        Annotated[int, Field(ge=JSON_INT_MIN, le=JSON_INT_MAX)],
+        FiniteFloat,
         bool,
         list["JsonValue"],
         Annotated[dict[str, "JsonValue"], _NO_NUL_KEYS, AfterValidator(_keys_without_nul)],
@@ -150,7 +154,8 @@ else:
     ])
 RunConfig = Annotated[dict[str, JsonValue], _NO_NUL_KEYS, AfterValidator(_keys_without_nul), Field(description=(
     f"free-form run configuration (JSON object): at most {CONFIG_MAX_DEPTH} levels deep and {CONFIG_MAX_BYTES} "
-    "bytes of JSON, text without NUL or lone surrogates, numbers within ±2**63"))]
+    "bytes of JSON, text without NUL or lone surrogates, numbers that are IEEE-754 doubles exactly "
+    "(NaN, Infinity and integers a double would round are refused)"))]
 
 
 class RunCreate(BaseModel):
@@ -169,6 +174,17 @@ class RunCreate(BaseModel):
     seed: NonNegativeInt32 = Field(default=0, description="fixes the order of a replay run")
     description: Annotated[str, StringConstraints(max_length=2000, pattern=NO_NUL)] = ""
     config: RunConfig = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _config_numbers(cls, data: Any) -> Any:
+        """Numbers a double does not hold get one message naming their path (not a union's errors)."""
+        if isinstance(data, dict) and isinstance(data.get("config"), dict):
+            try:
+                check_json_numbers(data["config"], "config", max_depth=CONFIG_MAX_DEPTH)
+            except ValidationError as exc:
+                raise ValueError(str(exc)) from None
+        return data
 
     @model_validator(mode="after")
     def _storable(self) -> RunCreate:
@@ -426,7 +442,8 @@ class ScoreCreate(BaseModel):
     score: FiniteFloat
     components: Annotated[dict[ShortText, FiniteFloat], WithJsonSchema({
         "type": "object", "maxProperties": 100, "propertyNames": {"maxLength": 128, "pattern": NO_NUL},
-        "additionalProperties": {"type": "number"}})] = Field(default_factory=dict, max_length=100)
+        "additionalProperties": {"type": "number", "minimum": JSON_NUMBER_MIN, "maximum": JSON_NUMBER_MAX}})] = Field(
+        default_factory=dict, max_length=100)
     scorer: ShortText = "api"
     note: Annotated[str, StringConstraints(max_length=4000, pattern=NO_NUL)] = ""
     expected_revision: NonNegativeInt32 | None = Field(

@@ -14,7 +14,6 @@ This module validates and keeps the public functions; the SQL is the run queue's
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from typing import Annotated, Any, Literal
@@ -23,6 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 from sqlalchemy.engine import Connection
 
 from sapwood.platform.errors import UnknownParentError, ValidationError
+from sapwood.platform.json_values import DOUBLE_MAX, EXACT_INT_MAX, check_json_numbers, number_problem
 from sapwood.platform.storage.runs import FINISHED as FINISHED  # re-exported: what a run queues
 from sapwood.platform.storage.runs import run_queue
 from sapwood.platform.storage.runs_sql import execution_condition
@@ -40,9 +40,13 @@ def _json_int(value: Any) -> Any:
 
 
 def _json_number(value: Any) -> Any:
-    """JSON's numbers, not booleans or numeric strings."""
+    """JSON's numbers that are IEEE-754 doubles exactly (:mod:`sapwood.platform.json_values`), not booleans
+    or numeric strings."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError("expected a number")
+    problem = number_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -54,8 +58,9 @@ NonNegativeInt32 = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_js
 
 #: Text a filter matches: no NUL (PostgreSQL text cannot hold it), at most 256 characters.
 FilterText = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
-#: Numbers in a run's config: within ±2**63, so every backend and JSON reader stores them exactly.
-JSON_NUMBER_MIN, JSON_NUMBER_MAX = -(2**63), 2**63 - 1
+#: Bounds of a JSON number the store holds (finite doubles; integers within ±2**53 stay integers).
+JSON_NUMBER_MIN, JSON_NUMBER_MAX = -DOUBLE_MAX, DOUBLE_MAX
+JSON_INT_MIN, JSON_INT_MAX = -EXACT_INT_MAX, EXACT_INT_MAX
 
 
 class ExecutionFilter(BaseModel):
@@ -103,8 +108,10 @@ def check_storable_json(value: Any, where: str, *, max_depth: int = CONFIG_MAX_D
 
     Checked iteratively (no recursion limit to hit): nesting at most ``max_depth`` levels, strings
     and keys without NUL or lone surrogates (PostgreSQL refuses them; SQLite stores text that no
-    UTF-8 reader decodes), finite numbers within ±2**63, and at most ``max_bytes`` of UTF-8 JSON text.
+    UTF-8 reader decodes), numbers that are IEEE-754 doubles exactly (named by their path, see
+    :func:`sapwood.platform.json_values.check_json_numbers`), at most ``max_bytes`` of UTF-8 JSON text.
     """
+    check_json_numbers(value, where, max_depth=max_depth)
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -120,9 +127,8 @@ def check_storable_json(value: Any, where: str, *, max_depth: int = CONFIG_MAX_D
                 item.encode("utf-8")
             except UnicodeEncodeError:
                 raise ValidationError(f"{where}: text must be valid Unicode (no lone surrogates)") from None
-        elif isinstance(item, int | float) and not isinstance(item, bool):
-            if not (math.isfinite(item) and JSON_NUMBER_MIN <= item <= JSON_NUMBER_MAX):
-                raise ValidationError(f"{where}: numbers must be finite and within ±2**63")
+        elif isinstance(item, int | float):
+            pass  # checked above
         elif item is not None and not isinstance(item, bool):
             raise ValidationError(f"{where}: {type(item).__name__} is not a JSON value")
     size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())

@@ -22,6 +22,7 @@ from sapwood.platform.errors import (
     StoreUnavailableError,
 )
 from sapwood.platform.events import Event
+from sapwood.platform.json_values import load_json
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.projection import projection_hash, rebuild_projections
 from sapwood.platform.spans import call_input, load_spans, path_tokens
@@ -68,7 +69,7 @@ def make_engine(url: str, *, statement_timeout_ms: int = 30_000, **pool: Any) ->
     ``pool`` (e.g. ``pool_size``, ``max_overflow``) sizes the PostgreSQL connection pool.
     """
     if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"timeout": 30})
+        engine = sa.create_engine(url, connect_args={"timeout": 30}, json_deserializer=load_json)
 
         @sa_event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -83,6 +84,7 @@ def make_engine(url: str, *, statement_timeout_ms: int = 30_000, **pool: Any) ->
     return sa.create_engine(
         url,
         pool_pre_ping=True,
+        json_deserializer=load_json,  # JSONB prints a float 1e20 as a 21-digit integer: read it as the float
         connect_args={"options": f"-c statement_timeout={statement_timeout_ms}"},
         **pool,
     )

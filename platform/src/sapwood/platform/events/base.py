@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from sapwood.platform.errors import SchemaVersionError, ValidationError
+from sapwood.platform.json_values import check_json_numbers, doubles_for_large_ints
 from sapwood.platform.tokens import FloatArray, TokenArray, as_logprobs, as_tokens, check_token_range
 from sapwood.platform.uuids import canonical_uuid
 
@@ -128,11 +129,24 @@ class Event:
                     event_id=self.event_id,
                 )
         self._validate()
+        self._check_json_values()
         if numbers:
             self.check_numbers()
 
     def _validate(self) -> None:
         """Kind-specific checks."""
+
+    def _check_json_values(self) -> None:
+        """Every JSON value reads back on both stores (:mod:`sapwood.platform.json_values`): numbers that
+        are not doubles exactly are refused; integers beyond ±2**53 are kept as the doubles they are."""
+        try:
+            for name, value in self.scalar_fields().items():
+                check_json_numbers(value, f"{self.kind}.{name}")
+                converted = doubles_for_large_ints(value)
+                if converted is not value:
+                    object.__setattr__(self, name, converted)
+        except ValidationError as exc:
+            raise ValidationError(str(exc), event_id=self.event_id) from None
 
     def check_numbers(self) -> None:
         """Checks that read every value of an array (model calls: log-probs finite and ≤ 0)."""
