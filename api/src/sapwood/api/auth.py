@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
+from starlette.concurrency import run_in_threadpool
 
 from sapwood.api.errors import AuthenticationError, PermissionDeniedError
 from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
@@ -30,6 +31,7 @@ SCOPES = ("read", "write", "admin")
 _KEY_ID_RE = re.compile(r"^[0-9a-f]{16}$")
 _SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{20,128}$")
 _DUMMY_HASH = hashlib.sha256(b"sapwood: no such key").digest()
+MISSING_KEY = "missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
 
 
 @dataclass(frozen=True)
@@ -152,12 +154,26 @@ class KeyVerifier:
         with self._lock:
             self._cache.pop(key_id, None)
 
+    async def record_of(self, raw: str) -> tuple[str, str, KeyRecord | None]:
+        """``(key_id, secret, stored record or None)`` of a presented key (401 when it is malformed)."""
+        key_id, secret = split_key(raw)
+        found, record = self.cached(key_id)
+        if not found:
+            record = await run_in_threadpool(self.lookup, key_id)
+        return key_id, secret, record
+
     @staticmethod
-    def check(record: KeyRecord | None, key_id: str, secret: str, scope: str) -> Principal:
-        """Constant-time secret comparison, then revocation and scope checks."""
+    def authenticate(record: KeyRecord | None, secret: str) -> KeyRecord:
+        """Constant-time secret comparison and the revocation check (401), any scope."""
         ok = hmac.compare_digest(hash_secret(secret), record.secret_hash if record else _DUMMY_HASH)
         if record is None or not ok or record.revoked:
             raise AuthenticationError("invalid or revoked API key")
+        return record
+
+    @classmethod
+    def check(cls, record: KeyRecord | None, key_id: str, secret: str, scope: str) -> Principal:
+        """:meth:`authenticate`, then the scope check (403)."""
+        record = cls.authenticate(record, secret)
         if scope not in record.scopes:
             raise PermissionDeniedError(
                 f"this API key has scopes {sorted(record.scopes)}; the request needs scope {scope!r}"

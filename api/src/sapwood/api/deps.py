@@ -11,9 +11,8 @@ from typing import Annotated, Literal
 from fastapi import Depends, Query, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Connection
-from starlette.concurrency import run_in_threadpool
 
-from sapwood.api.auth import KeyVerifier, Principal, split_key
+from sapwood.api.auth import MISSING_KEY, KeyVerifier, Principal
 from sapwood.api.cache import ResponseCache
 from sapwood.api.config import ApiSettings
 from sapwood.api.errors import AuthenticationError
@@ -108,12 +107,9 @@ class RequireScope:
     ) -> Principal:
         raw = bearer.credentials if bearer is not None else api_key
         if not raw:
-            raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'")
-        key_id, secret = split_key(raw)
+            raise AuthenticationError(MISSING_KEY)
         verifier: KeyVerifier = request.app.state.sapwood.verifier
-        found, record = verifier.cached(key_id)
-        if not found:
-            record = await run_in_threadpool(verifier.lookup, key_id)
+        key_id, secret, record = await verifier.record_of(raw)
         return verifier.check(record, key_id, secret, self.scope)
 
 

@@ -131,15 +131,32 @@ async def _sqlalchemy_handler(_request: Request, exc: Exception) -> JSONResponse
     return sapwood_error_response(translated)
 
 
+#: Bounds of a 422's body: problems listed, path parts per problem, characters per text.
+MAX_ERROR_DETAILS, MAX_LOC_PARTS, MAX_ERROR_TEXT = 20, 16, 300
+
+
+def _short(text: object) -> str:
+    value = str(text)
+    return value if len(value) <= MAX_ERROR_TEXT else value[:MAX_ERROR_TEXT] + "…"
+
+
 async def _validation_handler(_request: Request, exc: Exception) -> JSONResponse:
+    """422 listing at most :data:`MAX_ERROR_DETAILS` problems, each bounded (a body of 100,000 bad
+    items, or one nested 1,000 levels deep, answers a few KB, not megabytes)."""
     assert isinstance(exc, RequestValidationError)
-    details = [
-        {"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")), "type": str(err.get("type", ""))}
-        for err in exc.errors()
-    ]
+    errors = exc.errors()
+    details = []
+    for err in errors[:MAX_ERROR_DETAILS]:
+        loc = [str(p) for p in err.get("loc", ())]
+        if len(loc) > MAX_LOC_PARTS:
+            loc = [*loc[:MAX_LOC_PARTS // 2], "…", *loc[-(MAX_LOC_PARTS // 2):]]
+        details.append({"loc": [_short(p) for p in loc], "msg": _short(err.get("msg", "")),
+                        "type": _short(err.get("type", ""))})
     first = details[0] if details else {"loc": [], "msg": "invalid request"}
     where = ".".join(first["loc"])
     message = f"{where}: {first['msg']}" if where else str(first["msg"])
+    if len(errors) > MAX_ERROR_DETAILS:
+        message += f" (and {len(errors) - 1} more problems; the first {MAX_ERROR_DETAILS} are listed)"
     return error_response(422, "invalid_request", message, details=details)
 
 

@@ -20,6 +20,7 @@ from sapwood.api.middleware import (
     AllowHeaderMiddleware,
     BodySizeLimitMiddleware,
     HeaderLimitMiddleware,
+    KeyBeforeBodyMiddleware,
     RelativeRedirectMiddleware,
 )
 from sapwood.api.queries.cursors import Cursors
@@ -83,6 +84,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(KeyBeforeBodyMiddleware)  # outside the body limit: 401 before even a 413
     app.add_middleware(AllowHeaderMiddleware)
     app.add_middleware(RelativeRedirectMiddleware)
     app.add_middleware(HeaderLimitMiddleware, max_bytes=settings.api_max_header_bytes)

@@ -1,4 +1,5 @@
-"""ASGI middleware: body and header size limits (413, 431), path-only redirects, complete ``Allow`` headers."""
+"""ASGI middleware: the API key before the body (401), body and header size limits (413, 431), path-only
+redirects, complete ``Allow`` headers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sapwood.api.errors import error_body
+from sapwood.api.auth import MISSING_KEY, KeyVerifier
+from sapwood.api.errors import AuthenticationError, error_body
 
 
 class BodySizeLimitMiddleware:
@@ -67,12 +69,57 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _reply(send: Send, status: int, code: str, message: str) -> None:
+async def _reply(send: Send, status: int, code: str, message: str,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body: Any = json.dumps(error_body(code, message)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            (b"connection", b"close"), *(headers or [])]})
     await send({"type": "http.response.body", "body": body})
+
+
+#: Methods whose requests may carry a body: their key is checked before any of it is read.
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class KeyBeforeBodyMiddleware:
+    """401 for a request to ``/v1/`` that may carry a body and has no valid API key, before the body is read.
+
+    FastAPI reads and parses a route's body before its dependencies run, so without this an
+    unauthenticated malformed body answered 422 (and was parsed at all). The scope (403) is still
+    checked by the route's dependency; the key lookup is cached, so the route's check costs no query.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in _BODY_METHODS and scope["path"].startswith("/v1/"):
+            raw = _presented_key(scope)
+            try:
+                if not raw:
+                    raise AuthenticationError(MISSING_KEY)
+                verifier: KeyVerifier = scope["app"].state.sapwood.verifier
+                _, secret, record = await verifier.record_of(raw)
+                verifier.authenticate(record, secret)
+            except AuthenticationError as exc:
+                await _reply(send, 401, "unauthorized", str(exc), [(b"www-authenticate", b"Bearer")])
+                return
+        await self.app(scope, receive, send)
+
+
+def _presented_key(scope: Scope) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` (the bearer one first)."""
+    found: str | None = None
+    for key, value in scope.get("headers", ()):
+        name = key.lower()
+        if name == b"authorization":
+            scheme, _, credentials = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and credentials.strip():
+                return credentials.strip()
+        elif name == b"x-api-key" and found is None:
+            found = value.decode("latin-1")
+    return found
 
 
 class HeaderLimitMiddleware:

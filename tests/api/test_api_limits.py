@@ -1,0 +1,88 @@
+"""Limits before work: the API key before the body (401), error bodies of bounded size."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from api.api_helpers import make_client, make_keys
+from api.live_server import serve_in_thread
+from sapwood.api import ApiSettings, create_app
+from sapwood.api.errors import MAX_ERROR_DETAILS
+from sapwood.platform.store import Store
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: object) -> Iterator[Store]:
+    store = Store.open(f"sqlite:///{tmp_path}/limits.db")
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize("headers", [
+    pytest.param({}, id="no key"),
+    pytest.param({"X-API-Key": "not-a-key"}, id="malformed key"),
+    pytest.param({"Authorization": "Bearer 0123456789abcdef.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"},
+                 id="unknown key"),
+])
+@pytest.mark.parametrize("body", [b"{not json", b'{"kind": 5, "config": []}'])
+def test_an_unauthenticated_body_gets_401_not_422(sqlite_store: Store, headers: dict[str, str],
+                                                  body: bytes) -> None:
+    with make_client(sqlite_store) as client:
+        response = client.post("/v1/runs", headers={**headers, "Content-Type": "application/json"}, content=body)
+    assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["error"]["code"] == "unauthorized"
+
+
+def test_a_valid_key_still_gets_the_body_checked(sqlite_store: Store) -> None:
+    keys = make_keys(sqlite_store)
+    with make_client(sqlite_store) as client:
+        response = client.post("/v1/runs", headers={**keys.headers("write"), "Content-Type": "application/json"},
+                               content=b"{not json")
+        assert response.status_code in (400, 422), response.text
+        forbidden = client.post("/v1/runs", headers=keys.headers("read"), json={})
+        assert forbidden.status_code == 403, forbidden.text
+
+
+def test_the_401_comes_before_the_body_is_read(sqlite_store: Store) -> None:
+    """Headers announcing a body that never comes: the server answers 401 without waiting for it."""
+    app = create_app(ApiSettings(), store=sqlite_store)
+    with serve_in_thread(app) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n{")
+            answer = sock.recv(65536)  # times out (fails) if the server waits for the other 99,999 bytes
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+def test_a_body_with_a_hundred_thousand_problems_gets_a_small_422(sqlite_store: Store) -> None:
+    keys = make_keys(sqlite_store)
+    body = json.dumps({"filter": {"status": ["nope"] * 100_000}}).encode()
+    assert len(body) < ApiSettings().api_max_body_bytes
+    with make_client(sqlite_store) as client:
+        response = client.post("/v1/runs", headers={**keys.headers("write"), "Content-Type": "application/json"},
+                               content=body)
+    assert response.status_code == 422, response.text[:300]
+    assert len(response.content) < 16_384, len(response.content)
+    error = response.json()["error"]
+    assert len(error["details"]) == MAX_ERROR_DETAILS
+    assert "more problems" in error["message"]
+
+
+def test_a_deeply_nested_problem_gets_a_bounded_location(sqlite_store: Store) -> None:
+    keys = make_keys(sqlite_store)
+    config: object = "x"
+    for _ in range(200):
+        config = [config]
+    with make_client(sqlite_store) as client:
+        response = client.post("/v1/runs", headers=keys.headers("write"),
+                               json={"filter": {"status": config}})
+    assert response.status_code in (400, 422), response.text[:300]
+    assert len(response.content) < 16_384, len(response.content)
+
+
