@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import uvicorn
@@ -24,10 +24,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: FastAPI, *, timeout_s: float = 30.0) -> Iterator[str]:
-    """Serve ``app`` with uvicorn (httptools, as ``sapwood serve``) and yield its base URL."""
+def serve_in_thread(app: FastAPI, *, timeout_s: float = 30.0, http: Any = "auto") -> Iterator[str]:
+    """Serve ``app`` with uvicorn (httptools, as ``sapwood serve``; ``http``: another protocol class) and
+    yield its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                           http=http))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

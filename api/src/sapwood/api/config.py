@@ -23,6 +23,14 @@ class ApiSettings(Settings):
     api_max_body_bytes: int = Field(default=1 << 20, ge=1, description="larger request bodies get 413")
     api_max_header_bytes: int = Field(default=32 * 1024, ge=1024, description="larger request headers (all of them "
                                       "together, names and values) get 431")
+    api_max_header_count: int = Field(default=100, ge=1, description="more request headers get 431 (enforced "
+                                      "while reading, with SAPWOOD_API_MAX_HEADER_BYTES, by sapwood serve)")
+    api_request_read_timeout_s: float = Field(default=10.0, gt=0, description="seconds a connection has to send "
+                                              "a whole request (head and body) once it starts one, or to start "
+                                              "one after connecting; then 408 and close")
+    api_keep_alive_s: int = Field(default=5, ge=1, description="seconds an idle keep-alive connection stays open")
+    api_max_connections_per_client: int = Field(default=64, ge=1, description="open connections one client "
+                                                "address may hold per worker; more get 503 and are closed")
     api_cursor_secret: SecretStr = Field(default=SecretStr(""), description="HMAC key signing pagination cursors; "
                                          "empty = random per process (`sapwood serve` makes one for its workers)")
     api_max_page_size: int = Field(default=1000, ge=1, le=10_000, description="largest `limit` of a list page")

@@ -27,6 +27,9 @@ def run(argv: Sequence[str] | None = None) -> None:
     """Parse :func:`server_command`'s arguments and run uvicorn until it is told to stop."""
     import uvicorn
 
+    from sapwood.api.config import ApiSettings
+    from sapwood.api.http_protocol import GuardedHttpToolsProtocol
+
     parser = argparse.ArgumentParser(prog="sapwood.api.server")
     parser.add_argument("--fd", type=int, required=True, help="listening socket inherited from `sapwood serve`")
     parser.add_argument("--workers", type=int, default=1)
@@ -36,10 +39,12 @@ def run(argv: Sequence[str] | None = None) -> None:
     extra: dict[str, Any] = {}
     if "timeout_worker_healthcheck" in inspect.signature(uvicorn.run).parameters:
         extra["timeout_worker_healthcheck"] = 60  # a busy machine can take longer than the 5 s default to import
-    # h11 (when selected) buffers at most this much of an incomplete request head; with httptools the
-    # app's HeaderLimitMiddleware answers 431 above SAPWOOD_API_MAX_HEADER_BYTES.
-    extra["h11_max_incomplete_event_size"] = args.max_header_bytes
+    extra["h11_max_incomplete_event_size"] = args.max_header_bytes  # if h11 is ever selected instead
+    settings = ApiSettings()
+    # header size/count limits while reading, request-read timeout, per-client connection cap
     uvicorn.run("sapwood.api.main:create_app", factory=True, fd=args.fd, workers=args.workers,
+                http=f"{GuardedHttpToolsProtocol.__module__}:{GuardedHttpToolsProtocol.__name__}",
+                timeout_keep_alive=settings.api_keep_alive_s,
                 log_level=args.log_level, access_log=args.log_level == "debug", **extra)
 
 
