@@ -60,10 +60,10 @@ def test_the_401_comes_before_the_body_is_read(sqlite_store: Store) -> None:
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
 
 
-def test_a_body_with_a_hundred_thousand_problems_gets_a_small_422(sqlite_store: Store) -> None:
+def test_a_body_with_sixty_thousand_problems_gets_a_small_422(sqlite_store: Store) -> None:
     keys = make_keys(sqlite_store)
-    body = json.dumps({"filter": {"status": ["nope"] * 100_000}}).encode()
-    assert len(body) < ApiSettings().api_max_body_bytes
+    body = json.dumps({"filter": {"status": ["nope"] * 60_000}}).encode()
+    assert len(body) < 512 * 1024  # within the route's body limit
     with make_client(sqlite_store) as client:
         response = client.post("/v1/runs", headers={**keys.headers("write"), "Content-Type": "application/json"},
                                content=body)
@@ -86,3 +86,18 @@ def test_a_deeply_nested_problem_gets_a_bounded_location(sqlite_store: Store) ->
     assert len(response.content) < 16_384, len(response.content)
 
 
+
+
+@pytest.mark.parametrize(("path", "limit"), [("/v1/runs", 512 * 1024), ("/v1/keys", 16 * 1024),
+                                             ("/v1/executions/00000000-0000-0000-0000-000000000000/scores",
+                                              256 * 1024)])
+def test_each_route_has_its_own_body_limit(sqlite_store: Store, path: str, limit: int) -> None:
+    keys = make_keys(sqlite_store)
+    with make_client(sqlite_store) as client:
+        over = client.post(path, headers={**keys.headers("all"), "Content-Type": "application/json"},
+                           content=b'{"note": "' + b"x" * limit + b'"}')
+        assert over.status_code == 413, over.text[:300]
+        assert str(limit) in over.json()["error"]["message"]
+        under = client.post(path, headers={**keys.headers("all"), "Content-Type": "application/json"},
+                            content=b'{"note": "' + b"x" * (limit - 100) + b'"}')
+        assert under.status_code != 413, under.text[:300]

@@ -4,6 +4,7 @@ redirects, complete ``Allow`` headers."""
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,13 +16,33 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sapwood.api.auth import MISSING_KEY, KeyVerifier
 from sapwood.api.errors import AuthenticationError, error_body
 
+#: Bodies of the routes that take one, at most (bytes; the server-wide limit applies too). Each is the
+#: largest valid body with room for JSON escapes (``\\uXXXX`` is 6 bytes a character): a run's 64 KB
+#: config and 2,000-character description; a score's 100 components and 4,000-character note; a key's name.
+ROUTE_BODY_LIMITS: tuple[tuple[str, re.Pattern[str], int], ...] = (
+    ("POST", re.compile(r"^/v1/runs/?$"), 512 * 1024),
+    ("POST", re.compile(r"^/v1/executions/[^/]+/scores/?$"), 256 * 1024),
+    ("POST", re.compile(r"^/v1/keys/?$"), 16 * 1024),
+)
+
 
 class BodySizeLimitMiddleware:
-    """413 for a declared ``Content-Length`` over ``max_bytes``, or a streamed body that grows past it."""
+    """413 for a declared ``Content-Length`` over the route's limit, or a streamed body that grows past it.
+
+    The limit is ``max_bytes`` (``SAPWOOD_API_MAX_BODY_BYTES``), or the route's own one in
+    :data:`ROUTE_BODY_LIMITS` when that is lower.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+
+    def limit_for(self, method: str, path: str) -> tuple[int, str]:
+        """``(bytes, what sets it)`` for a request."""
+        for route_method, pattern, limit in ROUTE_BODY_LIMITS:
+            if method == route_method and pattern.match(path) and limit < self.max_bytes:
+                return limit, f"{method} {path}'s limit"
+        return self.max_bytes, "SAPWOOD_API_MAX_BODY_BYTES"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -31,12 +52,12 @@ class BodySizeLimitMiddleware:
         if declared is None and _has_header(scope, b"content-length"):
             await _reply(send, 400, "bad_request", "Content-Length must be a non-negative integer")
             return
-        if declared is not None and declared > self.max_bytes:
-            await _reply(send, 413, "payload_too_large", self._message())
+        limit, source = self.limit_for(scope["method"], scope["path"])
+        message = f"request body larger than {limit} bytes ({source})"
+        if declared is not None and declared > limit:
+            await _reply(send, 413, "payload_too_large", message)
             return
         received = 0
-        limit = self.max_bytes
-        message = self._message()
 
         async def limited() -> Message:
             nonlocal received
@@ -49,9 +70,6 @@ class BodySizeLimitMiddleware:
             return msg
 
         await self.app(scope, limited, send)
-
-    def _message(self) -> str:
-        return f"request body larger than {self.max_bytes} bytes (SAPWOOD_API_MAX_BODY_BYTES)"
 
 
 def _has_header(scope: Scope, name: bytes) -> bool:
