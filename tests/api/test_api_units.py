@@ -9,8 +9,8 @@ import pytest
 from sapwood.api import ApiSettings, CharTokenizer
 from sapwood.api.auth import parse_scopes, split_key
 from sapwood.api.cache import ResponseCache
+from sapwood.api.cursors import INT64_MAX, MAC_BYTES, Cursors
 from sapwood.api.errors import AuthenticationError
-from sapwood.api.queries.cursors import INT64_MAX, MAC_BYTES, Cursors
 from sapwood.api.tokenizer import load_tokenizer
 from sapwood.platform.errors import ValidationError
 

@@ -9,17 +9,14 @@ from sapwood.platform.store import Store, make_engine
 def open_store(settings: ApiSettings) -> Store:
     """Open the store for serving requests.
 
-    On PostgreSQL the pool keeps ``api_db_pool_size`` connections: with SQLAlchemy's default
-    (5 kept + 10 overflow, overflow closed on return) a worker answering more than 5 requests at
-    once forks a new PostgreSQL backend per request, which dominated tail latency under load.
-    The connection options are those of :func:`sapwood.platform.store.make_engine`.
+    The pool keeps ``api_db_pool_size`` connections (PostgreSQL; SQLite has none to keep): with
+    SQLAlchemy's default (5 kept + 10 overflow, overflow closed on return) a worker answering more
+    than 5 requests at once forks a new PostgreSQL backend per request, which dominated tail latency
+    under load. The connection options are those of :func:`sapwood.platform.store.make_engine`.
     """
-    url = settings.database_url
-    pool = {}
-    if url.startswith("postgresql"):
-        pool = {"pool_size": settings.api_db_pool_size, "max_overflow": settings.api_db_max_overflow}
-    store = Store(make_engine(url, statement_timeout_ms=settings.statement_timeout_ms, **pool),
-                  cache_nodes=settings.context_cache_nodes)
+    engine = make_engine(settings.database_url, statement_timeout_ms=settings.statement_timeout_ms,
+                         pool_size=settings.api_db_pool_size, max_overflow=settings.api_db_max_overflow)
+    store = Store(engine, cache_nodes=settings.context_cache_nodes)
     if settings.api_migrate:
         store.migrate()
     return store

@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection
 from sapwood.api.auth import MISSING_KEY, KeyVerifier, Principal
 from sapwood.api.cache import ResponseCache
 from sapwood.api.config import ApiSettings
+from sapwood.api.cursors import Cursors
 from sapwood.api.errors import AuthenticationError
-from sapwood.api.queries.cursors import Cursors
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.queries.trees import PathCache
 from sapwood.api.schemas import NO_NUL

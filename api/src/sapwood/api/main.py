@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from sapwood.api.auth import KeyVerifier
 from sapwood.api.cache import LRU, ResponseCache
 from sapwood.api.config import ApiSettings
+from sapwood.api.cursors import Cursors
 from sapwood.api.db import open_store
 from sapwood.api.deps import Services
 from sapwood.api.errors import install_error_handlers
@@ -23,7 +24,6 @@ from sapwood.api.middleware import (
     KeyBeforeBodyMiddleware,
     RelativeRedirectMiddleware,
 )
-from sapwood.api.queries.cursors import Cursors
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.routes import calls, executions, export, health, keys, nodes, runs, scheduler, stats
 from sapwood.api.tokenizer import load_tokenizer

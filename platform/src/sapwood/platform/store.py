@@ -66,7 +66,8 @@ def migrations_dir() -> Path:
 def make_engine(url: str, *, statement_timeout_ms: int = 30_000, **pool: Any) -> Engine:
     """Engine with Sapwood's connection settings for either backend.
 
-    ``pool`` (e.g. ``pool_size``, ``max_overflow``) sizes the PostgreSQL connection pool.
+    ``pool`` (e.g. ``pool_size``, ``max_overflow``) sizes the PostgreSQL connection pool; SQLite
+    (one file, no server connections to keep) ignores it, so callers need not know the dialect.
     """
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"timeout": 30}, json_deserializer=load_json)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.engine import Connection
 
-from sapwood.api.queries.cursors import Cursors
+from sapwood.api.cursors import Cursors
 from sapwood.api.tokenizer import Tokenizer
 from sapwood.platform.span_encoding import decode_span
 from sapwood.platform.storage import calls as call_reads

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from sapwood.api.queries.cursors import Cursors, check_uuid
+from sapwood.api.cursors import Cursors, check_uuid
 from sapwood.platform.storage.cells import cells as stored_cells
 from sapwood.platform.storage.cells import decisions as stored_decisions
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from sapwood.api import writes
 from sapwood.api.deps import CursorQuery, FilterDep, LimitDep, ReadKey, ServicesDep, WriteKey
 from sapwood.api.queries import audit as audit_q
 from sapwood.api.queries import executions as q
@@ -134,7 +135,7 @@ async def add_score(execution_id: uuid.UUID, body: ScoreCreate, services: Servic
 
     def write() -> tuple[dict[str, Any], int]:
         with services.write() as conn:
-            out = q.add_score(conn, eid, score=body.score, components=body.components, scorer=body.scorer,
+            out = writes.add_score(conn, eid, score=body.score, components=body.components, scorer=body.scorer,
                               note=body.note, expected_revision=body.expected_revision)
             return out, trees.execution_version(conn, eid)  # the row is locked until the commit
 

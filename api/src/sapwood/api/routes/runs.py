@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 
+from sapwood.api import writes
 from sapwood.api.deps import CursorQuery, LimitDep, ReadKey, ServicesDep, WriteKey
 from sapwood.api.errors import from_driver
 from sapwood.api.queries import executions as q
@@ -34,7 +35,7 @@ def create_run(body: RunCreate, services: ServicesDep, _key: WriteKey) -> dict[s
     """
     try:
         with services.write() as conn:
-            return q.create_run(conn, run_id=body.run_id, kind=body.kind, flt=body.filter, seed=body.seed,
+            return writes.create_run(conn, run_id=body.run_id, kind=body.kind, flt=body.filter, seed=body.seed,
                                 description=body.description, config=body.config)
     except ConflictError as exc:
         if from_driver(exc):  # a concurrent request created the same id between the check and the insert
