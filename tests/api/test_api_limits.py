@@ -12,7 +12,7 @@ from api.api_helpers import make_client, make_keys
 from api.live_server import serve_in_thread
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.errors import MAX_ERROR_DETAILS
-from sapwood.platform.store import Store
+from sapwood.platform.store import Store, make_engine
 
 
 @pytest.fixture
@@ -101,3 +101,20 @@ def test_each_route_has_its_own_body_limit(sqlite_store: Store, path: str, limit
         under = client.post(path, headers={**keys.headers("all"), "Content-Type": "application/json"},
                             content=b'{"note": "' + b"x" * (limit - 100) + b'"}')
         assert under.status_code != 413, under.text[:300]
+
+
+def test_an_exhausted_pool_answers_503_not_500(pg_url: str) -> None:
+    store = Store(make_engine(pg_url, pool_size=1, max_overflow=0, pool_timeout=0.2))
+    store.migrate()
+    keys = make_keys(store)
+    try:
+        with make_client(store, api_key_cache_s=60) as client:
+            assert client.get("/v1/runs", headers=keys.headers("read")).status_code == 200  # the key is cached now
+            with store.engine.connect():  # the pool's only connection, held
+                response = client.get("/v1/runs", headers=keys.headers("read"))
+            assert response.status_code == 503, response.text
+            assert response.headers["retry-after"] == "1"
+            assert "busy" in response.json()["error"]["message"]
+            assert client.get("/v1/runs", headers=keys.headers("read")).status_code == 200
+    finally:
+        store.close()

@@ -44,6 +44,8 @@ class ApiSettings(Settings):
     api_threads: int = Field(default=40, ge=1, le=1000, description="threads per worker running blocking "
                              "request work (store reads); fewer queue requests instead of sharing the GIL")
     api_db_pool_size: int = Field(default=16, ge=1, description="PostgreSQL connections each worker keeps open")
+    api_db_pool_timeout_s: float = Field(default=10.0, gt=0, description="seconds a request waits for a free "
+                                         "PostgreSQL connection; then 503 with Retry-After")
     api_db_max_overflow: int = Field(default=8, ge=0, description="extra short-lived connections under bursts")
     api_version_push: bool = Field(
         default=True, description="PostgreSQL: keep execution versions current by LISTEN/NOTIFY (cache hits need no "

@@ -15,7 +15,8 @@ def open_store(settings: ApiSettings) -> Store:
     under load. The connection options are those of :func:`sapwood.platform.store.make_engine`.
     """
     engine = make_engine(settings.database_url, statement_timeout_ms=settings.statement_timeout_ms,
-                         pool_size=settings.api_db_pool_size, max_overflow=settings.api_db_max_overflow)
+                         pool_size=settings.api_db_pool_size, max_overflow=settings.api_db_max_overflow,
+                         pool_timeout=settings.api_db_pool_timeout_s)
     store = Store(engine, cache_nodes=settings.context_cache_nodes)
     if settings.api_migrate:
         store.migrate()

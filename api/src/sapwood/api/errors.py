@@ -103,6 +103,8 @@ def sapwood_error_response(exc: SapwoodError) -> JSONResponse:
 
 
 def _unavailable_message(exc: BaseException) -> str:
+    if "pool exhausted" in str(exc):
+        return "every database connection of this worker is busy; retry shortly"
     if "statement timeout" in str(exc):
         return "the query ran longer than the statement timeout; narrow the request (filters, limits) and retry"
     return "the store is unavailable; retry later"

@@ -46,6 +46,8 @@ def translate_errors() -> Iterator[None]:
         raise StoreError(f"database error: {exc.orig}") from exc
     except sa_exc.DisconnectionError as exc:  # a pool's pre-ping or checkout found the connection gone
         raise StoreUnavailableError(f"database unavailable: {exc}") from exc
+    except sa_exc.TimeoutError as exc:  # the pool had no connection free within its timeout
+        raise StoreUnavailableError(f"no database connection free (pool exhausted): {exc}") from exc
     except sa_exc.SQLAlchemyError as exc:
         raise StoreError(f"database error: {exc}") from exc
     except psycopg.IntegrityError as exc:  # raised by COPY on the raw driver connection
