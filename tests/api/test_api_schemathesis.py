@@ -1,4 +1,5 @@
-"""Property-based requests generated from the OpenAPI schema, with every check schemathesis has.
+"""Property-based requests generated from the OpenAPI schema, with every check schemathesis has,
+on PostgreSQL and SQLite.
 
 Every operation gets positive and negative (schema-violating) requests with generated parameters,
 and, where it has path parameters, positive requests against real stored ids. (Driven through
@@ -7,8 +8,11 @@ hypothesis directly: schemathesis' pytest plugin does not support pytest 9's nod
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -43,7 +47,16 @@ def checked(strategy: Any, headers: dict[str, str], *, positive: bool) -> Any:
     return run
 
 
-def test_generated_requests_never_get_a_server_error(pg_store: Store) -> None:
+@pytest.fixture(params=["postgresql", "sqlite"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 's.db'}"
+    store = Store.open(url)
+    yield store
+    store.close()
+
+
+def test_generated_requests_never_get_a_server_error(any_store: Store) -> None:
+    pg_store = any_store
     writers = load_executions(pg_store, 2)
     keys = make_keys(pg_store)
     w = writers[1]
