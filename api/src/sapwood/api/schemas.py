@@ -18,6 +18,7 @@ from typing_extensions import TypeAliasType
 
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.json_values import check_json_numbers
+from sapwood.platform.run_ids import RUN_ID_PATTERN
 from sapwood.platform.runs import (
     CONFIG_MAX_BYTES,
     CONFIG_MAX_DEPTH,
@@ -25,7 +26,6 @@ from sapwood.platform.runs import (
     JSON_INT_MIN,
     JSON_NUMBER_MAX,
     JSON_NUMBER_MIN,
-    RUN_ID_PATTERN,
     ExecutionFilter,
     JsonNumber,
     NonNegativeInt32,

@@ -14,7 +14,6 @@ This module validates and keeps the public functions; the SQL is the run queue's
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Annotated, Any, Literal
 
@@ -23,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform.errors import UnknownParentError, ValidationError
 from sapwood.platform.json_values import DOUBLE_MAX, EXACT_INT_MAX, check_json_numbers, number_problem
+from sapwood.platform.run_ids import check_run_id
 from sapwood.platform.storage.runs import FINISHED as FINISHED  # re-exported: what a run queues
 from sapwood.platform.storage.runs import run_queue
 from sapwood.platform.storage.runs_sql import execution_condition
@@ -85,21 +85,9 @@ class ExecutionFilter(BaseModel):
 
 
 
-#: Run ids: 1-128 characters of ``A-Z a-z 0-9 . _ : @ -``, starting with a letter or digit. No ``/``
-#: (an id must be one URL path segment: ``/v1/runs/{run_id}`` and ``/v1/runs/{run_id}/items``).
-RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
-_RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 #: Limits of a run's free-form ``config``: nesting depth and size of its JSON text.
 CONFIG_MAX_DEPTH = 32
 CONFIG_MAX_BYTES = 64 * 1024
-
-
-def check_run_id(run_id: str) -> str:
-    """``run_id`` if it is in the safe alphabet (:data:`RUN_ID_PATTERN`), else :class:`ValidationError`."""
-    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
-        raise ValidationError(f"run id {run_id!r:.140} must be 1-128 characters of A-Z a-z 0-9 . _ : @ - "
-                              "starting with a letter or digit")
-    return run_id
 
 
 def check_storable_json(value: Any, where: str, *, max_depth: int = CONFIG_MAX_DEPTH,

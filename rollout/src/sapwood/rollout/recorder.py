@@ -43,6 +43,7 @@ from sapwood.platform.events import (
     Prompt,
     SegmentBoundary,
 )
+from sapwood.platform.run_ids import check_run_id
 from sapwood.platform.tokens import TokenArray, as_logprobs, as_tokens
 from sapwood.platform.writer import ExecutionWriter
 from sapwood.rollout.transports import (
@@ -77,7 +78,7 @@ class Recorder:
         task_family: str = "default",
     ) -> None:
         self.transport = transport if transport is not None else MemoryTransport()
-        self.run_id = run_id
+        self.run_id = check_run_id(run_id)  # the API's rule: every recorded run can be opened by id
         self.engine = engine
         self.vocab_size = vocab_size
         self.sampling_params = dict(sampling_params or {})

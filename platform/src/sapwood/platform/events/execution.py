@@ -21,6 +21,7 @@ from sapwood.platform.events.base import (
     _empty_tokens,
     derive_node_id,
 )
+from sapwood.platform.run_ids import check_run_id
 from sapwood.platform.tokens import MAX_LOGPROB, FloatArray, TokenArray
 
 __all__ = [
@@ -59,6 +60,10 @@ class ExecutionStarted(Event):
             raise ValidationError(f"vocab_size must be a positive integer, got {self.vocab_size!r}")
         if not self.run_id or not self.task_id:
             raise ValidationError("execution_started needs non-empty run_id and task_id")
+        try:
+            check_run_id(self.run_id)
+        except ValidationError as exc:
+            raise ValidationError(f"execution_started.run_id: {exc}", event_id=self.event_id) from None
 
 
 @dataclass(eq=False, kw_only=True)
