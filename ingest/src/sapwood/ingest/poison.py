@@ -172,7 +172,7 @@ def catalogue(seed: int, *, max_event_bytes: int = 1_000_000) -> list[Poison]:
     flipped.token_ids = flipped.token_ids.copy()  # type: ignore[attr-defined]
     flipped.token_ids[0] += 1  # type: ignore[attr-defined]
     out.append(_poison("conflicting_replay", "conflict", w, encode(flipped)))
-    long_run = ExecutionWriter(run_id="r" * 300, task_id="t")
+    long_run = ExecutionWriter(run_id="r", task_id="t" * 300)  # valid event; the task_id column holds 256
     long_run.start()
     out.append(Poison("refused_by_database", "store_error", [encode(long_run.events[0])],
                       long_run.execution_id.encode()))
