@@ -35,7 +35,7 @@ def learn(
 
     from sapwood.learner.backends import BACKENDS, create_backend
     from sapwood.learner.config import LearnerConfig
-    from sapwood.learner.loop import Learner, latest_policy
+    from sapwood.learner.loop import Learner
     from sapwood.learner.model import TinyTransformerConfig
     from sapwood.learner.source import SourceConfig
     from sapwood.learner.trainer import SAOTrainer
@@ -62,12 +62,11 @@ def learn(
         raise typer.BadParameter("no vocab_size recorded; pass --vocab-size")
     config = LearnerConfig(jmax=jmax)
     backend = create_backend(backend_name, TinyTransformerConfig(vocab_size=int(vocab_size)), config)
-    resumed = latest_policy(store, run)
-    if resumed and resumed[1] and Path(resumed[1]).exists():
-        backend.load_state_dict(torch.load(resumed[1], weights_only=False))
-        console.print(f"resumed from policy version {resumed[0]}")
     learner = Learner(store, run, SAOTrainer(backend, config), checkpoint_dir=checkpoint_dir, prefetch=True,
                       source_config=SourceConfig(jmax=jmax, executions_per_batch=executions_per_batch))
+    resumed = learner.resume()
+    if resumed is not None:
+        console.print(f"resumed from policy version {resumed}")
     with Progress(console=console) as progress:
         task = progress.add_task("training", total=max_steps)
         for _ in range(max_steps):
