@@ -111,21 +111,26 @@ class Learner:
         version). Also removes this directory's unpublished checkpoints older than the grace period.
         Raises :class:`CheckpointError` if the newest version's file is missing or does not match.
         """
+        return self._load_published(strict=False)
+
+    def _load_published(self, *, strict: bool) -> int | None:
+        """:meth:`resume`; ``strict``: the newest version must be a checkpoint of this learner's format."""
         with self.store.transaction() as conn:
             record = latest_policy_record(conn, self.publish_run_id)
             keep = published_checkpoints(conn)
         if self.checkpoint_dir is not None:
             remove_unpublished(self.checkpoint_dir, keep, grace_s=self.checkpoint_grace_s)
         if record is None:
+            if strict:
+                raise CheckpointError(f"run {self.publish_run_id!r} has no published checkpoint to return to")
             return None
         version, path, metadata = record
         digest = metadata.get("digest")
         if not digest:
-            if version == self.backend.policy_version:
+            if version == self.backend.policy_version and not strict:
                 return None
             raise CheckpointError(f"newest policy version {version} of run {self.publish_run_id!r} was published "
-                                  f"without a digest ({path!r}); this learner is at version "
-                                  f"{self.backend.policy_version} and cannot continue from it")
+                                  f"without a digest ({path!r}); this learner cannot continue from it")
         restore_training_state(self.trainer, read_checkpoint(path, str(digest)))
         return version
 
@@ -147,7 +152,7 @@ class Learner:
         if not all(c.renew() for c in [*self._held, claimed]):
             # another learner took (some of) these executions over after our lease expired
             self.lost_claims += 1
-            self._roll_back([*self._held, claimed])
+            self._roll_back([*self._held, claimed], trained=bool(self._held))
             return None
         t0 = time.perf_counter()
         try:
@@ -187,7 +192,8 @@ class Learner:
         trained = [e for c in self._held for e in c.execution_ids]
         excluded = [e for c in self._held for e in c.skipped]
         event = PolicyPublished(run_id=self.publish_run_id, version=version, checkpoint=checkpoint, metadata={
-            "learner": self.learner_id, "steps": self.trainer.steps, "digest": digest, "train_run": self.run_id,
+            "learner": self.learner_id, "steps": self.trainer.steps, "batches": len(self._held), "digest": digest,
+            "train_run": self.run_id,
             "execution_ids": trained, "excluded_execution_ids": excluded})
         try:
             with self.store.transaction() as conn:
@@ -204,15 +210,15 @@ class Learner:
         self._held = []
         return True
 
-    def _roll_back(self, batches: list[ClaimedBatch]) -> None:
-        """Give back ``batches``' claims and reload the newest published state (the in-memory one trained
-        on executions this learner may no longer own)."""
+    def _roll_back(self, batches: list[ClaimedBatch], *, trained: bool = True) -> None:
+        """Give back ``batches``' claims; when the in-memory state ``trained`` on them, reload the newest
+        published state (it trained on executions this learner may no longer own)."""
         for c in batches:
             c.release()
         self._held = []
         self.rollbacks += 1
-        if self.checkpoint_dir is not None:
-            self.resume()
+        if trained:
+            self._load_published(strict=True)
 
     def run(self, *, max_steps: int | None = None, idle_timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """Train until ``max_steps`` committed steps or until no batch arrives for ``idle_timeout_s``."""

@@ -34,6 +34,19 @@ def published_checkpoints(conn: Connection) -> set[str]:
     return {str(c) for (c,) in conn.execute(sa.select(_pv.checkpoint).where(_pv.checkpoint != ""))}
 
 
+def policy_history(conn: Connection, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
+    """Every ``policy_published`` of ``run_id`` as (version, checkpoint path, metadata), oldest first."""
+    rows = conn.execute(sa.select(_pv.version, _pv.checkpoint, _pv.metadata).where(_pv.run_id == run_id)
+                        .order_by(_pv.version))
+    return [(int(r.version), str(r.checkpoint), dict(r.metadata or {})) for r in rows]
+
+
+def run_item_states(conn: Connection, run_id: str) -> dict[str, str]:
+    """Execution id → state (``pending`` / ``claimed`` / ``done``) of every item of ``run_id``'s queue."""
+    ri = t.run_items.c
+    return {str(e): str(s) for e, s in conn.execute(sa.select(ri.execution_id, ri.state).where(ri.run_id == run_id))}
+
+
 def largest_vocab_size(conn: Connection) -> int | None:
     """The largest ``vocab_size`` any recorded execution declared, None if none declared one."""
     value = conn.execute(sa.select(sa.func.max(t.executions.c.vocab_size))).scalar()
