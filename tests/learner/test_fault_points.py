@@ -35,7 +35,7 @@ def _learn_args(url: str, ckpt: Path) -> list[str]:
 ])
 def test_a_learner_killed_at_a_fault_point_restarts_without_loss_or_duplicates(
         tmp_path: Path, point: str, hit: int) -> None:
-    url, store, ids = replay_store(tmp_path / "s.db", EXECUTIONS)
+    url, store, _ = replay_store(tmp_path / "s.db", EXECUTIONS)
     ckpt = tmp_path / "ck"
     env = {**os.environ, "SAPWOOD_FAULT": f"{point}@{hit}"}
     crashed = subprocess.run([sys.executable, "-c", "from sapwood.platform.cli import main; main()",
@@ -65,7 +65,7 @@ def test_a_learner_killed_at_a_fault_point_restarts_without_loss_or_duplicates(
 
 def test_fault_point_names_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAPWOOD_FAULT", "learner.nowhere")
-    with pytest.raises(ValueError, match="unknown fault point 'learner.nowhere'"):
+    with pytest.raises(ValueError, match=r"unknown fault point 'learner\.nowhere'"):
         armed_point()
     monkeypatch.setenv("SAPWOOD_FAULT", "learner.after_step@0")
     with pytest.raises(ValueError, match="integer ≥ 1"):
