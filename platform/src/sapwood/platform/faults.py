@@ -11,6 +11,8 @@ Points (:data:`FAULT_POINTS`):
 * ``learner.after_checkpoint`` — the checkpoint renamed into place, before the commit transaction;
 * ``learner.in_commit`` — inside the commit transaction, after the claims went ``done``, before it
   commits;
+* ``rollout.after_claim`` — a prompt sample claimed (committed), before its execution starts;
+* ``rollout.mid_recording`` — after each model call a worker records (``@n``: the n-th call);
 * ``ingest.after_apply`` — a batch applied to the store, before its Kafka offsets are committed.
 """
 
@@ -27,6 +29,8 @@ FAULT_POINTS = frozenset({
     "learner.after_checkpoint",
     "learner.in_commit",
     "ingest.after_apply",
+    "rollout.after_claim",
+    "rollout.mid_recording",
 })
 
 _hits: dict[str, int] = {}

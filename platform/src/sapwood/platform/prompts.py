@@ -24,8 +24,8 @@ from sapwood.platform.errors import ValidationError
 from sapwood.platform.runs import check_storable_json, get_run
 from sapwood.platform.storage.prompts_sql import ClaimedSample, PromptRow, prompt_queue
 
-__all__ = ["ClaimedSample", "PromptRow", "add_prompts", "claim_prompts", "prompt_progress", "read_dataset",
-           "row_to_prompt"]
+__all__ = ["ClaimedSample", "PromptRow", "add_prompts", "all_prompt_progress", "claim_prompts", "prompt_progress",
+           "read_dataset", "row_to_prompt"]
 
 _KNOWN = ("prompt", "task_id", "task_family", "metadata")
 
@@ -63,6 +63,8 @@ def row_to_prompt(row: dict[str, Any], index: int) -> PromptRow:
 def read_dataset(path: str | Path, *, split: str = "train") -> list[PromptRow]:
     """The rows of a JSONL file, a Parquet file, or a ``datasets`` folder (``split`` of a DatasetDict)."""
     path = Path(path)
+    if not path.exists():
+        raise ValidationError(f"dataset {path} does not exist")
     if path.is_dir():
         records = _read_saved_dataset(path, split)
     elif path.suffix in (".jsonl", ".ndjson"):
@@ -80,8 +82,6 @@ def read_dataset(path: str | Path, *, split: str = "train") -> list[PromptRow]:
         import pyarrow.parquet as pq
 
         records = pq.read_table(path).to_pylist()
-    elif not path.exists():
-        raise ValidationError(f"dataset {path} does not exist")
     else:
         raise ValidationError(f"dataset {path}: expected a .jsonl or .parquet file or a datasets folder")
     if not records:
@@ -130,3 +130,9 @@ def claim_prompts(conn: Connection, run_id: str, worker: str, limit: int = 1, *,
 def prompt_progress(conn: Connection, run_id: str) -> dict[int, dict[str, int]]:
     """Per epoch: ``pending`` / ``claimed`` / ``done`` samples and ``abandoned`` executions."""
     return prompt_queue(conn).progress(conn, run_id)
+
+
+def all_prompt_progress(conn: Connection) -> dict[str, dict[int, dict[str, int]]]:
+    """:func:`prompt_progress` of every run that has a prompt queue, by run id."""
+    q = prompt_queue(conn)
+    return {run_id: q.progress(conn, run_id) for run_id in q.runs(conn)}

@@ -180,6 +180,10 @@ class PromptQueue:
             out[int(epoch)]["abandoned"] = int(n)
         return dict(sorted(out.items()))
 
+    def runs(self, conn: Connection) -> list[str]:
+        """Ids of the runs that have prompt samples."""
+        return [str(r[0]) for r in conn.execute(sa.select(_ps.run_id).distinct().order_by(_ps.run_id))]
+
     def attempts(self, conn: Connection, run_id: str) -> list[dict[str, Any]]:
         """Every attempt of the run (``execution_id sample_id worker started_at state``), for audits."""
         rows = conn.execute(sa.select(_pa.execution_id, _pa.sample_id, _pa.worker, _pa.started_at, _pa.state)
