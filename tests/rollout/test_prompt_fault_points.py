@@ -18,7 +18,6 @@ from sapwood.platform.storage.learner_reads import run_item_states
 from sapwood.platform.storage.prompts_sql import prompt_queue
 from sapwood.platform.store import Store
 
-WORKER = Path(__file__).with_name("prompt_worker.py")
 PROMPTS, SAMPLES = 3, 2
 
 
@@ -31,7 +30,7 @@ def test_a_worker_killed_mid_sample_leaves_nothing_lost_or_doubled(tmp_path: Pat
         runs.create_run(conn, "p", runs.ExecutionFilter(run_id="p"), kind="live")
         add_prompts(conn, "p", [PromptRow(f"q{i}", f"t{i}", "f", {}) for i in range(PROMPTS)],
                     samples_per_prompt=SAMPLES)
-    args = [sys.executable, str(WORKER), url, "p"]
+    args = [sys.executable, "-m", "sapwood.rollout.prompt_worker", url, "p"]
     crashed = subprocess.run([*args, "dead", "1.0", "2", "0"], env={**os.environ, "SAPWOOD_FAULT": point},
                              capture_output=True, text=True, timeout=120)
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr

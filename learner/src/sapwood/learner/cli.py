@@ -80,9 +80,12 @@ def learn(
     with Progress(console=console) as progress:
         task = progress.add_task("training", total=max_steps)
         for _ in range(max_steps):
+            lost = learner.lost_claims
             metrics = learner.step(timeout_s=idle_timeout)
+            if metrics is None and learner.lost_claims == lost:
+                break  # idle (a rolled-back commit goes on with the next batch)
             if metrics is None:
-                break
+                continue
             progress.update(task, advance=1, description=f"v{int(metrics['policy/version'])} "
                             f"reward {metrics['learner/rewards_mean']:.3f}")
     learner.close()

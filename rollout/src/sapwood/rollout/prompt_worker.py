@@ -1,8 +1,9 @@
-"""A rollout worker over a run's prompt queue, runnable as a process (crash tests start it with
-``SAPWOOD_FAULT``): claims samples until none is left, records ``calls`` model calls per sample with
-tokens derived from the sample id, finishes each with a reward. Events go straight to the store.
+"""A synthetic rollout worker over a run's prompt queue, runnable as a process (the crash tests and the
+training chaos campaign start it, with ``SAPWOOD_FAULT`` to crash it at a fault point): claims samples until
+none is available for ``IDLE_S``, records ``CALLS`` model calls per sample with tokens derived from the
+sample id, finishes each with a 0/1 reward. Events go straight to the store (one transaction per event).
 
-    python prompt_worker.py DATABASE_URL RUN WORKER LEASE_S CALLS IDLE_S
+    python -m sapwood.rollout.prompt_worker DATABASE_URL RUN WORKER LEASE_S CALLS IDLE_S
 """
 
 from __future__ import annotations
