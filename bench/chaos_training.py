@@ -9,9 +9,9 @@ that every prompt sample was rolled out once and every finished execution traine
 (``python -m sapwood.rollout.prompt_worker``) claim and record them straight into the store, and
 ``--learners`` ``sapwood learn`` processes train the run's finished executions concurrently (each commit
 races the others for the next version; the loser rolls back and reloads). While they run, the supervisor
-SIGKILLs a random process at random times (``--kills``) and restarts every process that dies; each fault
-point of the learner and the worker (``SAPWOOD_FAULT``) is armed on two restarts, so those processes
-kill themselves there.
+SIGKILLs a random process (past its start-up, not armed with a fault point) at random times (``--kills``)
+and restarts every process that dies; each fault point of the learner and the worker (``SAPWOOD_FAULT``)
+is armed on two (re)starts, so those processes kill themselves there.
 
 Afterwards, from the store alone: every sample has exactly one finished attempt (abandoned attempts are
 re-issued, kept, never queued for training), and the exactly-once audit of the training run
@@ -50,6 +50,8 @@ from sapwood.platform.store import Store
 
 LEARNER_POINTS = ("learner.after_step", "learner.after_checkpoint", "learner.in_commit")
 WORKER_POINTS = ("rollout.after_claim", "rollout.mid_recording")
+#: Seconds a process runs before it may be picked for a random kill.
+STARTUP_S = {"worker": 1.0, "learner": 6.0}
 
 
 @dataclass
@@ -80,7 +82,7 @@ class Campaign:
         self.generation[kind] += 1
         fault = None
         queue = self.pending_faults.get(kind, [])
-        if queue and self.rng.random() < 0.7:
+        if queue:  # every (re)start takes the next armed fault point until none is left
             fault = queue.pop(0)
         env = {**os.environ}
         env.pop("SAPWOOD_FAULT", None)
@@ -129,8 +131,8 @@ def run_campaign(url: str, *, prompts: int = 200, samples: int = 2, workers: int
         add_prompts(conn, run_id, [PromptRow(f"prompt {i}", f"task-{i}", "chaos", {"i": i}) for i in range(prompts)],
                     samples_per_prompt=samples)
     c = Campaign(url, run_id, out, workers, learners, lease_s, call_s, rng)
-    c.pending_faults = {"learner": [f"{p}@{rng.randint(1, 3)}" for p in LEARNER_POINTS for _ in range(2)],
-                        "worker": [f"{p}@{rng.randint(1, 3)}" for p in WORKER_POINTS for _ in range(2)]}
+    c.pending_faults = {"learner": [f"{p}@{rng.randint(1, 2)}" for _ in range(2) for p in LEARNER_POINTS],
+                        "worker": [f"{p}@{rng.randint(1, 3)}" for _ in range(2) for p in WORKER_POINTS]}
     t0 = time.monotonic()
     for i in range(workers):
         c.spawn("worker", i)
@@ -162,8 +164,11 @@ def run_campaign(url: str, *, prompts: int = 200, samples: int = 2, workers: int
             elif rc != 0:
                 raise RuntimeError(f"{p.kind} {p.slot} exited {rc}; see {out}")
             c.spawn(p.kind, p.slot)
-        if killed < kills and now >= next_kill and c.procs:
-            victim = rng.choice(c.procs)
+        # victims: processes past their start-up (a learner imports torch first) and not armed with a fault
+        # point (those kill themselves there)
+        eligible = [p for p in c.procs if p.fault is None and now - p.started > STARTUP_S[p.kind]]
+        if killed < kills and now >= next_kill and eligible:
+            victim = rng.choice(eligible)
             victim.popen.kill()
             victim.popen.wait()
             c.procs.remove(victim)
@@ -201,7 +206,7 @@ def run_campaign(url: str, *, prompts: int = 200, samples: int = 2, workers: int
         "finished": finished, "seconds": round(elapsed, 1), "prompts": prompts, "samples": len(all_samples),
         "workers": workers, "learners": learners, "random_kills": killed,
         "fault_deaths": dict(Counter(d["cause"].split("@")[0] for d in c.deaths if d["cause"] != "kill -9")),
-        "deaths": len(c.deaths),
+        "deaths": len(c.deaths), "faults_not_reached": [f for q in c.pending_faults.values() for f in q],
         "samples_skipped": len(all_samples - set(finished_by_sample)),
         "samples_duplicated": sum(1 for n in finished_by_sample.values() if n > 1),
         "abandoned_executions": len(abandoned), "abandoned_queued_for_training": len(abandoned & set(queued)),
