@@ -171,7 +171,7 @@ def test_demo_with_the_megatron_backend(tmp_path: Path) -> None:
     assert s["policy_version"] >= 1 and s["learner_steps"] > 4  # past the 4 critic warm-up steps
     assert 0.0 <= s["reward_start"] <= 1.0 and 0.0 <= s["reward_end"] <= 1.0
     ckpts = sorted((tmp_path / "checkpoints").glob("policy-v*.pt"))
-    assert len(ckpts) >= 2 and torch.load(ckpts[-1], weights_only=False)["backend_kind"] == "megatron"
+    assert len(ckpts) >= 2 and torch.load(ckpts[-1], weights_only=False)["backend"]["backend_kind"] == "megatron"
     bad = CliRunner().invoke(app, ["demo", "--backend", "jax", "--quiet"])
     assert bad.exit_code != 0 and "backend must be one of" in bad.output
 

@@ -30,7 +30,7 @@ def test_update_checkpoints_and_publishes(tmp_path: Path) -> None:
     assert len(history) == 2 and history[-1]["policy/version"] == 2.0
     version, path = latest_policy(store, "r") or (None, "")
     assert version == 2 and Path(path).exists()
-    state = torch.load(path, weights_only=False)
+    state = torch.load(path, weights_only=False)["backend"]
     assert state["policy_version"] == 2
     fresh = TorchBackend(TinyActorCritic(TinyTransformerConfig(vocab_size=500)))
     fresh.load_state_dict(state)

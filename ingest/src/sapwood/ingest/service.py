@@ -47,6 +47,7 @@ from sapwood.ingest.source import KafkaSource, TopicPartition, consumer_settings
 from sapwood.ingest.topics import ensure_topics
 from sapwood.platform.apply import ApplyResult, apply_events
 from sapwood.platform.errors import StoreError
+from sapwood.platform.faults import fault_point
 from sapwood.platform.store import Store, make_engine
 
 log = logging.getLogger(__name__)
@@ -314,6 +315,7 @@ class IngestService:
                 decoded.reject(result)
             if decoded.letters:
                 write_dead_letters(conn, decoded.letters)
+            fault_point("ingest.after_apply")
             self.committer.advance(conn, claim)
         # committed
         self.store.cache.merge(result.new_states)

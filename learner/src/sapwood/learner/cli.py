@@ -28,14 +28,19 @@ def learn(
     vocab_size: Annotated[int | None, typer.Option(help="model vocabulary (default: from the executions)")] = None,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 2,
     backend_name: Annotated[str, typer.Option("--backend", help="learner backend: torch | megatron")] = "torch",
+    lease_s: Annotated[float, typer.Option(help="claim lease (s): a dead learner's claims return after it")] = 600.0,
+    checkpoint_grace_s: Annotated[float, typer.Option(help="remove unpublished checkpoints older than this (s)")
+                                  ] = 3600.0,
+    critic_warmup_steps: Annotated[int, typer.Option(help="critic-only steps before the first policy update")] = 8,
+    seed: Annotated[int, typer.Option(help="torch seed of the initial weights (a fresh run)")] = 0,
 ) -> None:
     """Claim Jmax-bounded batches of RUN exactly once, train CompactionRL + SAO steps, publish versions."""
     import torch
     from rich.progress import Progress
 
     from sapwood.learner.backends import BACKENDS, create_backend
-    from sapwood.learner.config import LearnerConfig
-    from sapwood.learner.loop import Learner, latest_policy
+    from sapwood.learner.config import CriticConfig, LearnerConfig
+    from sapwood.learner.loop import Learner
     from sapwood.learner.model import TinyTransformerConfig
     from sapwood.learner.source import SourceConfig
     from sapwood.learner.trainer import SAOTrainer
@@ -60,20 +65,27 @@ def learn(
             vocab_size = largest_vocab_size(conn)
     if not vocab_size:
         raise typer.BadParameter("no vocab_size recorded; pass --vocab-size")
-    config = LearnerConfig(jmax=jmax)
+    if lease_s <= 0 or critic_warmup_steps < 0:
+        raise typer.BadParameter(f"--lease-s must be > 0 and --critic-warmup-steps ≥ 0, got {lease_s}, "
+                                 f"{critic_warmup_steps}")
+    torch.manual_seed(seed)
+    config = LearnerConfig(jmax=jmax, critic=CriticConfig(warmup_steps=critic_warmup_steps))
     backend = create_backend(backend_name, TinyTransformerConfig(vocab_size=int(vocab_size)), config)
-    resumed = latest_policy(store, run)
-    if resumed and resumed[1] and Path(resumed[1]).exists():
-        backend.load_state_dict(torch.load(resumed[1], weights_only=False))
-        console.print(f"resumed from policy version {resumed[0]}")
+    source_config = SourceConfig(jmax=jmax, executions_per_batch=executions_per_batch, lease_s=lease_s)
     learner = Learner(store, run, SAOTrainer(backend, config), checkpoint_dir=checkpoint_dir, prefetch=True,
-                      source_config=SourceConfig(jmax=jmax, executions_per_batch=executions_per_batch))
+                      checkpoint_grace_s=checkpoint_grace_s, source_config=source_config)
+    resumed = learner.resume()
+    if resumed is not None:
+        console.print(f"resumed from policy version {resumed}")
     with Progress(console=console) as progress:
         task = progress.add_task("training", total=max_steps)
         for _ in range(max_steps):
+            lost = learner.lost_claims
             metrics = learner.step(timeout_s=idle_timeout)
+            if metrics is None and learner.lost_claims == lost:
+                break  # idle (a rolled-back commit goes on with the next batch)
             if metrics is None:
-                break
+                continue
             progress.update(task, advance=1, description=f"v{int(metrics['policy/version'])} "
                             f"reward {metrics['learner/rewards_mean']:.3f}")
     learner.close()

@@ -91,7 +91,21 @@ def stats(database_url: DatabaseOpt = None) -> None:
     """Print store statistics (tokens, dedup ratio, executions by status)."""
     from sapwood.platform.store import Store
 
-    _print_stats(Store.open(_url(database_url)).stats())
+    store = Store.open(_url(database_url))
+    _print_stats(store.stats())
+    from sapwood.platform.prompts import all_prompt_progress
+
+    with store.transaction() as conn:
+        progress = all_prompt_progress(conn)
+    if progress:
+        table = Table(title="Prompt queues (samples per state; abandoned executions)")
+        for col in ("run", "epoch", "pending", "claimed", "done", "abandoned"):
+            table.add_column(col)
+        for run_id, epochs in progress.items():
+            for epoch, counts in epochs.items():
+                table.add_row(run_id, str(epoch), *(f"{counts[k]:,}" for k in ("pending", "claimed", "done",
+                                                                               "abandoned")))
+        console.print(table)
 
 
 @app.command()
@@ -108,6 +122,41 @@ def rebuild(database_url: DatabaseOpt = None) -> None:
         console.print("[red]rebuild differs from the live projection[/]")
         raise typer.Exit(1)
     console.print("[green]rebuild identical[/]")
+
+
+runs_app = typer.Typer(help="Training runs and their prompt queues.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.command("add-prompts")
+def runs_add_prompts(
+    run: Annotated[str, typer.Argument(help="run id (created as a live run over its own rollouts if missing)")],
+    source: Annotated[str, typer.Option("--from", help="JSONL, Parquet, or a saved datasets folder")],
+    samples_per_prompt: Annotated[int, typer.Option(help="rollouts per prompt and epoch")] = 1,
+    epochs: Annotated[int, typer.Option(help="passes over the dataset")] = 1,
+    split: Annotated[str, typer.Option(help="split of a datasets DatasetDict folder")] = "train",
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Queue a dataset's prompts for RUN's rollout workers (each sample rolled out once)."""
+    from sapwood.platform import runs
+    from sapwood.platform.errors import SapwoodError, UnknownParentError
+    from sapwood.platform.prompts import add_prompts, read_dataset
+    from sapwood.platform.store import Store
+
+    try:
+        rows = read_dataset(source, split=split)
+        store = Store.open(_url(database_url))
+        with store.transaction() as conn:
+            try:
+                runs.get_run(conn, run)
+            except UnknownParentError:
+                runs.create_run(conn, run, runs.ExecutionFilter(run_id=run), kind="live")
+                console.print(f"created live run {run!r} over the executions recorded under it")
+            n = add_prompts(conn, run, rows, samples_per_prompt=samples_per_prompt, epochs=epochs)
+    except SapwoodError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    print(json.dumps({"run": run, "prompts": len(rows), "samples": n}))
 
 
 def _print_stats(s: dict[str, object]) -> None:

@@ -226,6 +226,46 @@ run_items = Table(
     Index("ix_run_items_queue", "run_id", "state", "order_key"),
 )
 
+prompts = Table(
+    "prompts",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("prompt_index", Integer, primary_key=True, comment="row of the dataset the prompt came from"),
+    Column("prompt", Json, nullable=False, comment="text, or a list of chat messages {role, content}"),
+    Column("task_id", String(256), nullable=False),
+    Column("task_family", String(128), nullable=False),
+    Column("metadata", Json, nullable=False),
+)
+
+prompt_samples = Table(
+    "prompt_samples",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("sample_id", String(64), primary_key=True, comment="'{prompt_index}:{epoch}:{sample}'"),
+    Column("prompt_index", Integer, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("order_key", BigInteger, nullable=False),
+    Column("state", String(8), nullable=False, comment="pending / claimed / done"),
+    Column("claimed_by", String(128), nullable=True),
+    Column("lease_until", Float, nullable=True),
+    Column("attempts", Integer, nullable=False),
+    Column("done_at", Float, nullable=True),
+    Column("execution_id", Id, nullable=True, comment="the execution of the current attempt"),
+    Index("ix_prompt_samples_queue", "run_id", "state", "order_key"),
+)
+
+prompt_attempts = Table(
+    "prompt_attempts",
+    metadata,
+    Column("execution_id", Id, primary_key=True),
+    Column("run_id", String(128), nullable=False),
+    Column("sample_id", String(64), nullable=False),
+    Column("worker", String(128), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("state", String(9), nullable=False, comment="recording / finished / abandoned (never trained)"),
+    Index("ix_prompt_attempts_sample", "run_id", "sample_id"),
+)
+
 api_keys = Table(
     "api_keys",
     metadata,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from sapwood.platform.events import (
     SegmentBoundary,
 )
 from sapwood.platform.run_ids import check_run_id
+from sapwood.platform.faults import fault_point
 from sapwood.platform.tokens import TokenArray, as_logprobs, as_tokens
 from sapwood.platform.writer import ExecutionWriter
 from sapwood.rollout.transports import (
@@ -59,6 +60,9 @@ HEADER_ALLOWANCE = 64 * 1024
 #: A node id, or an event that created one (call → its output, observation/prompt → its node,
 #: segment boundary → the new segment's root).
 NodeRef = str | Event
+
+if TYPE_CHECKING:
+    from sapwood.rollout.prompts import PromptClient, PromptLease
 
 
 class Recorder:
@@ -103,6 +107,11 @@ class Recorder:
         if prompt is not None:
             ex.prompt(prompt, source="prompt")
         return ex
+
+    def claim_prompt(self, prompts: PromptClient) -> PromptLease | None:
+        """Claim the next prompt sample of ``prompts``' run under a lease (None when none is available);
+        :meth:`PromptLease.start` then starts its execution on this recorder."""
+        return prompts.claim(self)
 
     # -- delivery failures --------------------------------------------------------------------------
     def _note_failures(self, exc: DeliveryError) -> None:
@@ -331,6 +340,7 @@ class ExecutionRecorder:
         if kind == "summary":
             self.last_summary = call.output_node_id
         self.resend()
+        fault_point("rollout.mid_recording")
         return call
 
     def fork(self, branches: int = 2, *, at: NodeRef | None = None, reason: str = "resample") -> Fork:

@@ -5,6 +5,8 @@ Portable SQL (the same on SQLite and PostgreSQL); the caller owns the transactio
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -18,6 +20,31 @@ def latest_policy(conn: Connection, run_id: str) -> tuple[int, str] | None:
     row = conn.execute(sa.select(_pv.version, _pv.checkpoint).where(_pv.run_id == run_id)
                        .order_by(_pv.version.desc()).limit(1)).first()
     return (int(row.version), str(row.checkpoint)) if row else None
+
+
+def latest_policy_record(conn: Connection, run_id: str) -> tuple[int, str, dict[str, Any]] | None:
+    """(version, checkpoint path, metadata) of the newest ``policy_published`` of ``run_id``, or None."""
+    row = conn.execute(sa.select(_pv.version, _pv.checkpoint, _pv.metadata).where(_pv.run_id == run_id)
+                       .order_by(_pv.version.desc()).limit(1)).first()
+    return (int(row.version), str(row.checkpoint), dict(row.metadata or {})) if row else None
+
+
+def published_checkpoints(conn: Connection) -> set[str]:
+    """Every checkpoint path any run published (what a checkpoint clean-up must keep)."""
+    return {str(c) for (c,) in conn.execute(sa.select(_pv.checkpoint).where(_pv.checkpoint != ""))}
+
+
+def policy_history(conn: Connection, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
+    """Every ``policy_published`` of ``run_id`` as (version, checkpoint path, metadata), oldest first."""
+    rows = conn.execute(sa.select(_pv.version, _pv.checkpoint, _pv.metadata).where(_pv.run_id == run_id)
+                        .order_by(_pv.version))
+    return [(int(r.version), str(r.checkpoint), dict(r.metadata or {})) for r in rows]
+
+
+def run_item_states(conn: Connection, run_id: str) -> dict[str, str]:
+    """Execution id → state (``pending`` / ``claimed`` / ``done``) of every item of ``run_id``'s queue."""
+    ri = t.run_items.c
+    return {str(e): str(s) for e, s in conn.execute(sa.select(ri.execution_id, ri.state).where(ri.run_id == run_id))}
 
 
 def largest_vocab_size(conn: Connection) -> int | None:

@@ -8,6 +8,7 @@ already queued).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from abc import abstractmethod
@@ -18,6 +19,7 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError
+from sapwood.platform.storage.leases import LeaseQueue
 from sapwood.platform.storage.runs import FINISHED, RunKind, RunQueue
 
 if TYPE_CHECKING:
@@ -60,11 +62,6 @@ def replay_order_key(seed: int, execution_id: str) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-def available(now: float) -> Any:
-    """Items a claim may take at ``now``: pending, or claimed under a lease that ended before ``now``."""
-    return sa.or_(_ri.state == "pending", sa.and_(_ri.state == "claimed", _ri.lease_until < now))
-
-
 class SqlRunQueue(RunQueue):
     """The run queue in portable SQL; see :mod:`sapwood.platform.storage.runs` for the contract."""
 
@@ -90,7 +87,9 @@ class SqlRunQueue(RunQueue):
 
     def snapshot(self, conn: Connection, run_id: str, flt: ExecutionFilter, *, kind: RunKind, seed: int,
                  now: float | None = None) -> int:
-        q = sa.select(_e.execution_id).where(execution_condition(flt), _e.status.in_(FINISHED))
+        abandoned = sa.select(t.prompt_attempts.c.execution_id).where(t.prompt_attempts.c.state == "abandoned")
+        q = sa.select(_e.execution_id).where(execution_condition(flt), _e.status.in_(FINISHED),
+                                             _e.execution_id.not_in(abandoned))  # never trained
         q = q.order_by(_e.execution_id) if kind == "replay" else q.order_by(_e.finished_at, _e.execution_id)
         queued = {r[0] for r in conn.execute(sa.select(_ri.execution_id).where(_ri.run_id == run_id))}
         now_key = int((time.time() if now is None else now) * 1e6)
@@ -105,48 +104,25 @@ class SqlRunQueue(RunQueue):
             self.insert_new_items(conn, rows)
         return len(rows)
 
-    # -- items -----------------------------------------------------------------------------------------
+    # -- items: the shared lease machinery (:mod:`.leases`) over run_items -----------------------------
+    @functools.cached_property
+    def leases(self) -> LeaseQueue:
+        return LeaseQueue(t.run_items, "execution_id", self.lock_candidates)
+
     def claim(self, conn: Connection, run_id: str, learner_id: str, limit: int, *, lease_s: float,
               now: float | None = None) -> list[str]:
-        now = time.time() if now is None else now
-        q = sa.select(_ri.execution_id).where(_ri.run_id == run_id, available(now)).order_by(_ri.order_key).limit(limit)
-        ids = [r[0] for r in conn.execute(self.lock_candidates(q, skip_locked=True))]
-        if not ids:
-            return []
-        # The UPDATE re-checks availability, so a concurrent claimer on a backend without row locks
-        # cannot take the same item: only rows still available get this learner's stamp.
-        stamp = now + lease_s
-        conn.execute(t.run_items.update()
-                     .where(_ri.run_id == run_id, _ri.execution_id.in_(ids), available(now))
-                     .values(state="claimed", claimed_by=learner_id, lease_until=stamp, attempts=_ri.attempts + 1))
-        got = {r[0] for r in conn.execute(sa.select(_ri.execution_id).where(
-            _ri.run_id == run_id, _ri.execution_id.in_(ids), _ri.claimed_by == learner_id, _ri.lease_until == stamp))}
-        return [e for e in ids if e in got]
+        return self.leases.claim(conn, run_id, learner_id, limit, lease_s=lease_s, now=now)
 
     def renew(self, conn: Connection, run_id: str, learner_id: str, execution_ids: list[str], *, lease_s: float,
               now: float | None = None) -> int:
-        now = time.time() if now is None else now
-        result = conn.execute(t.run_items.update()
-                              .where(_ri.run_id == run_id, _ri.execution_id.in_(execution_ids),
-                                     _ri.state == "claimed", _ri.claimed_by == learner_id)
-                              .values(lease_until=now + lease_s))
-        return int(result.rowcount)
+        return self.leases.renew(conn, run_id, learner_id, execution_ids, lease_s=lease_s, now=now)
 
     def complete(self, conn: Connection, run_id: str, learner_id: str, execution_ids: list[str], *,
                  now: float | None = None) -> list[str]:
-        held_q = sa.select(_ri.execution_id).where(_ri.run_id == run_id, _ri.execution_id.in_(execution_ids),
-                                                   _ri.state == "claimed", _ri.claimed_by == learner_id)
-        held = {r[0] for r in conn.execute(self.lock_candidates(held_q, skip_locked=False))}
-        if held:
-            conn.execute(t.run_items.update().where(_ri.run_id == run_id, _ri.execution_id.in_(sorted(held)))
-                         .values(state="done", done_at=time.time() if now is None else now, lease_until=None))
-        return [e for e in execution_ids if e not in held]
+        return self.leases.complete(conn, run_id, learner_id, execution_ids, now=now)
 
     def release(self, conn: Connection, run_id: str, learner_id: str, execution_ids: list[str]) -> None:
-        conn.execute(t.run_items.update()
-                     .where(_ri.run_id == run_id, _ri.execution_id.in_(execution_ids), _ri.claimed_by == learner_id,
-                            _ri.state == "claimed")
-                     .values(state="pending", claimed_by=None, lease_until=None))
+        self.leases.release(conn, run_id, learner_id, execution_ids)
 
     def progress(self, conn: Connection, run_id: str) -> dict[str, int]:
         rows = conn.execute(sa.select(_ri.state, sa.func.count()).where(_ri.run_id == run_id).group_by(_ri.state))

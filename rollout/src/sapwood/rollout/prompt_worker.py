@@ -1,0 +1,60 @@
+"""A synthetic rollout worker over a run's prompt queue, runnable as a process (the crash tests and the
+training chaos campaign start it, with ``SAPWOOD_FAULT`` to crash it at a fault point): claims samples until
+none is available for ``IDLE_S``, records ``CALLS`` model calls per sample with tokens derived from the
+sample id, finishes each with a 0/1 reward. Events go straight to the store (one transaction per event).
+
+    python -m sapwood.rollout.prompt_worker DATABASE_URL RUN WORKER LEASE_S CALLS IDLE_S [CALL_S]
+
+``CALL_S``: seconds each model call takes (the engine's generation time, simulated; default 0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+
+import numpy as np
+
+from sapwood.platform.store import Store
+from sapwood.rollout import InProcessTransport, Recorder
+from sapwood.rollout.prompts import PromptClient
+
+
+def tokens(sample_id: str, step: int, n: int) -> np.ndarray:
+    seed = int.from_bytes(hashlib.blake2b(f"{sample_id}:{step}".encode(), digest_size=4).digest(), "big")
+    return np.random.default_rng(seed).integers(0, 500, n, dtype=np.int32)
+
+
+def work(url: str, run_id: str, worker: str, *, lease_s: float, calls: int, idle_s: float,
+         call_s: float = 0.0) -> int:
+    """Roll out samples until none arrives for ``idle_s``; returns how many this worker finished."""
+    store = Store.open(url)
+    client = PromptClient(store, run_id, worker_id=worker, lease_s=lease_s)
+    done = 0
+    with Recorder(InProcessTransport(store, batch_size=1), run_id=run_id, vocab_size=500) as rec:
+        deadline = time.monotonic() + idle_s
+        while True:
+            lease = rec.claim_prompt(client)
+            if lease is None:
+                if time.monotonic() > deadline:
+                    return done
+                time.sleep(0.05)  # a dead worker's lease may still run
+                continue
+            with lease.keep_alive():
+                ex = lease.start()
+                ex.prompt(tokens(lease.sample.sample_id, -1, 8))
+                for step in range(calls):
+                    time.sleep(call_s)  # the engine's generation time (simulated)
+                    out = tokens(lease.sample.sample_id, step, 4)
+                    ex.call(ex.context(), out, np.full(len(out), -1.0, dtype=np.float32))
+                ex.finish("success", reward=float(tokens(lease.sample.sample_id, 99, 1)[0] % 2))
+            rec.flush()
+            done += 1
+            deadline = time.monotonic() + idle_s
+
+
+if __name__ == "__main__":
+    url, run, worker, lease, calls, idle = sys.argv[1:7]
+    call = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
+    print(work(url, run, worker, lease_s=float(lease), calls=int(calls), idle_s=float(idle), call_s=call))
