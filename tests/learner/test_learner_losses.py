@@ -116,6 +116,35 @@ def test_dis_drops_a_nan_current_logprob_and_counts_it_as_masked() -> None:
     assert m["policy/ratio_max"] == pytest.approx(1.1)
 
 
+@pytest.mark.parametrize("mode", ["token", "segment_mean"])
+@pytest.mark.parametrize("n", [0, 3])
+def test_dis_on_an_empty_batch_or_empty_mask_is_zero_with_zero_gradient_and_finite_metrics(
+    n: int, mode: str
+) -> None:
+    """n = 0: a batch with no token at all; n = 3: tokens, none of them in M."""
+    logprob = torch.full((n,), math.log(1.1))
+    rollout, adv = torch.zeros(n), torch.ones(n)
+    mask, segment = torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64)
+
+    def loss_fn(lp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return dis_policy_loss(lp, rollout, adv, mask, 0.3, 5.0, mode=mode, segment=segment)  # type: ignore[arg-type]
+
+    loss, grad, tensors = leaf_grad(loss_fn, logprob)
+    m = metric_floats(tensors)
+    assert loss.item() == 0.0
+    assert grad.shape == (n,)
+    assert (grad == 0).all()
+    assert all(math.isfinite(v) for v in m.values()), m
+    assert m["policy/ratio_min"] == 1.0
+    assert m["policy/ratio_max"] == 1.0
+    assert m["policy/approx_kl"] == 0.0
+
+
+def test_staleness_metrics_on_an_empty_batch_are_zero() -> None:
+    m = metric_floats(staleness_metrics(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.bool), 4))
+    assert m == {"policy/staleness_mean": 0.0, "policy/staleness_max": 0.0}
+
+
 @pytest.mark.parametrize("log_ratio", [89.5, 100.0, 1e4, math.inf, -1e4, -math.inf])
 def test_dis_float32_log_ratios_beyond_exp_overflow_give_finite_gradients(log_ratio: float) -> None:
     assert not math.isfinite(torch.exp(torch.tensor(89.5, dtype=torch.float32)).item())  # exp overflows here

@@ -116,6 +116,14 @@ def _wmean(x: Tensor, w: Tensor) -> Tensor:
     return _where0(s > 0, (x * w).sum().double() / s, 0.0)
 
 
+def _masked_extreme(x: Tensor, sel: Tensor, *, largest: bool) -> Tensor:
+    """0-d max (``largest``) or min of ``x`` over ``sel``; ∓inf when nothing is selected, also for a
+    0-element ``x`` (a sentinel element keeps ``amin``/``amax`` defined on an empty batch)."""
+    fill = -math.inf if largest else math.inf
+    picked = torch.cat([torch.where(sel, x, torch.full_like(x, fill)).reshape(-1), x.new_full((1,), fill)])
+    return picked.amax() if largest else picked.amin()
+
+
 def _ratio_metrics(log_ratio: Tensor, mask: Tensor, w: Tensor) -> dict[str, Tensor]:
     """Ratio statistics over the masked tokens whose log-ratio is a number (NaN ones are left out);
     1 (ratios) and 0 (KL) when there is none."""
@@ -125,11 +133,10 @@ def _ratio_metrics(log_ratio: Tensor, mask: Tensor, w: Tensor) -> dict[str, Tens
     ratio = torch.exp(lr)
     w = torch.where(sel, w, torch.zeros_like(w))
     some = sel.any()
-    inf = torch.full_like(ratio, math.inf)
     return {
         "policy/ratio_mean": _where0(some, _wmean(ratio, w), 1.0),
-        "policy/ratio_min": _where0(some, torch.where(sel, ratio, inf).amin(), 1.0),
-        "policy/ratio_max": _where0(some, torch.where(sel, ratio, -inf).amax(), 1.0),
+        "policy/ratio_min": _where0(some, _masked_extreme(ratio, sel, largest=False), 1.0),
+        "policy/ratio_max": _where0(some, _masked_extreme(ratio, sel, largest=True), 1.0),
         # k3 estimator of KL(rollout || current), non-negative per token.
         "policy/approx_kl": _where0(some, _wmean(ratio - 1.0 - lr, w), 0.0),
     }
@@ -350,5 +357,5 @@ def staleness_metrics(
     w = _weights(m, weight)
     return {
         "policy/staleness_mean": _wmean(lag, w),
-        "policy/staleness_max": _where0(m.any(), torch.where(m, lag, -math.inf).amax(), 0.0),
+        "policy/staleness_max": _where0(m.any(), _masked_extreme(lag, m, largest=True), 0.0),
     }
