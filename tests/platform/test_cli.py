@@ -47,6 +47,6 @@ def test_synth_stats_and_rebuild(tmp_path: Path) -> None:
 def test_db_commands(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'm.db'}"
     assert runner.invoke(app, ["db", "upgrade", "--database-url", url]).exit_code == 0
-    assert "i29_prompt_queue" in runner.invoke(app, ["db", "current", "--database-url", url]).output
+    assert "0009" in runner.invoke(app, ["db", "current", "--database-url", url]).output
     assert runner.invoke(app, ["db", "downgrade", "base", "--database-url", url]).exit_code == 0
     assert "base" in runner.invoke(app, ["db", "current", "--database-url", url]).output

@@ -1,6 +1,6 @@
 """prompt queue: prompts, prompt_samples (leased like run_items), prompt_attempts (abandoned executions)
 
-Revision ID: i29_prompt_queue
+Revision ID: 0009
 Revises: 0008
 Create Date: 2026-12-02 11:30:00
 """
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = 'i29_prompt_queue'
+revision = '0009'
 down_revision = '0008'
 branch_labels = None
 depends_on = None
