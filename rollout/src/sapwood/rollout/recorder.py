@@ -43,8 +43,8 @@ from sapwood.platform.events import (
     Prompt,
     SegmentBoundary,
 )
-from sapwood.platform.run_ids import check_run_id
 from sapwood.platform.faults import fault_point
+from sapwood.platform.run_ids import check_run_id
 from sapwood.platform.tokens import TokenArray, as_logprobs, as_tokens
 from sapwood.platform.writer import ExecutionWriter
 from sapwood.rollout.transports import (
