@@ -53,11 +53,11 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from sapwood.ingest import IngestConfig, ingest_lag
-from sapwood.ingest.offsets import load_offsets
-from sapwood.ingest.service import consumer_settings
+from sapwood.ingest.source import consumer_settings
 from sapwood.ingest.topics import end_offsets
 from sapwood.platform.codec import decode
 from sapwood.platform.events import Event
+from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.platform.tokens import digest_bytes, pack
@@ -131,7 +131,7 @@ def wait_caught_up(ends: dict[int, int], topic: str, group: str, store: Store, t
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout_s:
         with store.engine.connect() as conn:
-            stored = load_offsets(conn, group, topic)
+            stored = offset_store(conn).read(conn, group, topic)
         if all(stored.get(p, 0) >= end for p, end in ends.items()):
             return
         time.sleep(0.1)

@@ -186,7 +186,7 @@ def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int) 
 
 def kafka_topic(bootstrap: str, store: Store) -> tuple[KafkaLag, int]:
     """A fresh 4-partition topic with records in every partition and stored offsets behind the log end."""
-    from sapwood.ingest.offsets import store_offsets
+    from sapwood.platform.storage.offsets import offset_store
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -203,7 +203,7 @@ def kafka_topic(bootstrap: str, store: Store) -> tuple[KafkaLag, int]:
     producer.flush()
     producer.close()
     with store.transaction() as conn:
-        store_offsets(conn, group, topic, {p: 50 for p in range(parts)}, existing=[])
+        offset_store(conn).advance(conn, group, topic, {p: 50 for p in range(parts)}, expected={})
     return KafkaLag(bootstrap, topic, group), parts
 
 

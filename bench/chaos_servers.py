@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from sapwood.ingest.offsets import load_offsets
 from sapwood.ingest.topics import end_offsets
+from sapwood.platform.storage.offsets import offset_store
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -85,7 +85,7 @@ def wait_applied(engine: sa.Engine, group: str, topic: str, ends: dict[int, int]
     while time.monotonic() - t0 < timeout_s:
         try:
             with engine.connect() as conn:
-                stored = load_offsets(conn, group, topic)
+                stored = offset_store(conn).read(conn, group, topic)
             if all(stored.get(p, 0) >= e for p, e in ends.items() if e > 0):
                 return time.monotonic() - t0
         except sa.exc.SQLAlchemyError:

@@ -19,10 +19,10 @@ import numpy as np
 import sqlalchemy as sa
 
 from sapwood.ingest import IngestConfig, IngestService
-from sapwood.ingest.offsets import load_offsets
 from sapwood.ingest.topics import end_offsets
 from sapwood.platform import schema as t
 from sapwood.platform.events import Event
+from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.store import Store
 from sapwood.rollout import ExecutionRecorder, Recorder
 
@@ -159,7 +159,7 @@ def caught_up(engine: sa.Engine, bootstrap: str, topic: str, group: str) -> bool
     """Stored offsets equal the log-end offsets of every non-empty partition."""
     ends = end_offsets(bootstrap, topic)
     with engine.connect() as conn:
-        stored = load_offsets(conn, group, topic)
+        stored = offset_store(conn).read(conn, group, topic)
     return all(stored.get(p, 0) == end for p, end in ends.items())
 
 

@@ -13,7 +13,7 @@ import pytest
 from ingest.ingest_helpers import FakeRecord as Record
 from ingest.ingest_helpers import FakeTopicPartition as TP
 from sapwood.ingest.committer import NOT_ASSIGNED, OffsetCommitter
-from sapwood.ingest.offsets import load_offsets, store_offsets
+from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.store import Store
 
 G, T = "g", "events"
@@ -59,7 +59,7 @@ def committer(store: Store, *tps: TP) -> tuple[OffsetCommitter, Consumer]:
 def test_assignment_seeks_to_the_stored_offsets_or_the_beginning(store: Store) -> None:
     p0, p1 = TP(T, 0), TP(T, 1)
     with store.transaction() as conn:
-        store_offsets(conn, G, T, {0: 0}, existing={})
+        offset_store(conn).advance(conn, G, T, {0: 0}, expected={})
     c, consumer = committer(store, p0, p1)
     assert c.pending() and c.readable({p0: [Record(0)]}) == {}, "unsynced partitions are not read"
     c.sync(store, [p0, p1])
@@ -71,7 +71,7 @@ def test_assignment_seeks_to_the_stored_offsets_or_the_beginning(store: Store) -
 def test_a_batch_advances_from_the_position_and_skips_records_before_it(store: Store) -> None:
     p0, p1 = TP(T, 0), TP(T, 1)
     with store.transaction() as conn:
-        store_offsets(conn, G, T, {0: 5}, existing={})
+        offset_store(conn).advance(conn, G, T, {0: 5}, expected={})
     c, consumer = committer(store, p0, p1)
     c.sync(store, [p0, p1])
     with store.transaction() as conn:
@@ -80,7 +80,7 @@ def test_a_batch_advances_from_the_position_and_skips_records_before_it(store: S
         c.advance(conn, claim)
     c.committed(claim)
     with store.transaction() as conn:
-        assert load_offsets(conn, G, T) == {0: 7, 1: 1}
+        assert offset_store(conn).read(conn, G, T) == {0: 7, 1: 1}
     assert c.held() == {0: 7, 1: 1}
     assert consumer.copies == [{p0: 7, p1: 1}], "Kafka gets a copy after the commit"
 
@@ -90,7 +90,7 @@ def test_a_zombie_whose_stored_offset_moved_applies_nothing_and_reseeks(store: S
     c, consumer = committer(store, p0)
     c.sync(store, [p0])  # nothing stored: position None
     with store.transaction() as conn:  # meanwhile another process stored offset 10
-        store_offsets(conn, G, T, {0: 10}, existing={})
+        offset_store(conn).advance(conn, G, T, {0: 10}, expected={})
     consumer.seeks.clear()
     with store.transaction() as conn:
         claim = c.claim(conn, {p0: [Record(0), Record(1)]})
@@ -99,7 +99,7 @@ def test_a_zombie_whose_stored_offset_moved_applies_nothing_and_reseeks(store: S
     assert claim.todo == {} and claim.mismatched == {p0: 10}
     assert consumer.seeks == [(p0, 10)] and c.held() == {0: 10}
     with store.transaction() as conn:
-        assert load_offsets(conn, G, T) == {0: 10}
+        assert offset_store(conn).read(conn, G, T) == {0: 10}
 
 
 def test_revoked_partitions_are_neither_claimed_nor_reseeked(store: Store) -> None:

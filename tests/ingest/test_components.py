@@ -11,7 +11,7 @@ from ingest.ingest_helpers import FakeRecord as Record
 from ingest.ingest_helpers import FakeTopicPartition as TP
 from sapwood.ingest.deadletters import DeadLetter
 from sapwood.ingest.metrics import IngestMetrics, IngestSensor
-from sapwood.ingest.records import SkippedRecord, decode_records
+from sapwood.ingest.record_decoder import SkippedRecord, decode_records
 from sapwood.platform.apply import ApplyResult, Rejected
 from sapwood.platform.codec import decode, encode
 from sapwood.platform.errors import SequenceError

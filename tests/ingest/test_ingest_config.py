@@ -6,7 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sapwood.ingest import IngestConfig
-from sapwood.ingest.service import _with_connection_params, connection_lost
+from sapwood.ingest.classifier import connection_lost
+from sapwood.ingest.config import with_connection_params
 from sapwood.platform.cli import app
 from sapwood.platform.errors import StoreError, StoreUnavailableError
 from sapwood.platform.settings import Settings
@@ -36,9 +37,9 @@ def test_ingest_command_is_registered() -> None:
 
 
 def test_postgres_connections_carry_the_application_name() -> None:
-    url = _with_connection_params("postgresql+psycopg://u@h:5432/db", "sapwood-ingest")
+    url = with_connection_params("postgresql+psycopg://u@h:5432/db", "sapwood-ingest")
     assert "application_name=sapwood-ingest" in url and "connect_timeout=5" in url
-    assert _with_connection_params("sqlite:///x.db", "a") == "sqlite:///x.db"
+    assert with_connection_params("sqlite:///x.db", "a") == "sqlite:///x.db"
 
 
 def test_connection_errors_are_told_apart_from_bad_records() -> None:

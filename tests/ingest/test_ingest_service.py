@@ -16,11 +16,11 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from sapwood.ingest.offsets import load_offsets
 from sapwood.ingest.topics import end_offsets
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode
 from sapwood.platform.events import Event, ExecutionStarted, Prompt
+from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.rollout import KafkaTransport
@@ -193,7 +193,7 @@ def test_restart_resumes_from_stored_offsets_and_exports_metrics(pg_url: str, ka
     assert f'sapwood_ingest_lag{{partition="0",topic="{topic}"}} 0.0' in text
     check_exactly_once(store, ledger.acked, bootstrap=kafka_bootstrap, topic=topic, group=config.group)
     with store.engine.connect() as conn:
-        stored = load_offsets(conn, config.group, topic)
+        stored = offset_store(conn).read(conn, config.group, topic)
     ends = end_offsets(kafka_bootstrap, topic)
     assert stored == {p: e for p, e in ends.items() if e > 0}
     assert {p: o for p, o in kafka_offsets.items() if o is not None} == stored, "Kafka gets a copy of the offsets"

@@ -14,7 +14,7 @@ import pytest
 from sapwood.ingest import IngestConfig
 from sapwood.ingest.membership import derive_instance_id, resolve_instance_id
 from sapwood.ingest.metrics import IngestMetrics
-from sapwood.ingest.service import consumer_settings
+from sapwood.ingest.source import consumer_settings
 from sapwood.platform.settings import Settings
 
 

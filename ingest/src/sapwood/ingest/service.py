@@ -4,7 +4,7 @@ It wires five components, each with one job:
 
 - :class:`~sapwood.ingest.source.KafkaSource` — the consumer: group membership, rebalances, polling, seeking;
 - :class:`~sapwood.ingest.committer.OffsetCommitter` — positions held, stored offsets advanced by compare-and-set;
-- :func:`~sapwood.ingest.records.decode_records` — records → events, or dead letters;
+- :func:`~sapwood.ingest.record_decoder.decode_records` — records → events, or dead letters;
 - :class:`~sapwood.ingest.classifier.DeadLetterClassifier` — a failure: reconnect, retry or dead-letter;
 - :class:`~sapwood.ingest.metrics.IngestSensor` — totals, lag and Prometheus metrics.
 
@@ -42,8 +42,8 @@ from sapwood.ingest.config import IngestConfig, with_connection_params
 from sapwood.ingest.deadletters import DeadLetterPublisher, log_dead_letters, write_dead_letters
 from sapwood.ingest.membership import InstanceLock, resolve_instance_id
 from sapwood.ingest.metrics import IngestMetrics, IngestSensor, IngestStats
-from sapwood.ingest.records import SkippedRecord, decode_records
-from sapwood.ingest.source import KafkaSource, TopicPartition, consumer_settings, quiet_socket_teardown
+from sapwood.ingest.record_decoder import SkippedRecord, decode_records
+from sapwood.ingest.source import KafkaSource, TopicPartition, quiet_socket_teardown
 from sapwood.ingest.topics import ensure_topics
 from sapwood.platform.apply import ApplyResult, apply_events
 from sapwood.platform.errors import StoreError
@@ -52,7 +52,6 @@ from sapwood.platform.store import Store, make_engine
 
 log = logging.getLogger(__name__)
 
-_with_connection_params = with_connection_params  # the name tests and tools have imported from here
 
 
 class IngestService:
@@ -327,4 +326,4 @@ class IngestService:
         return set(claim.mismatched)
 
 
-__all__ = ["IngestConfig", "IngestService", "IngestStats", "connection_lost", "consumer_settings"]
+__all__ = ["IngestConfig", "IngestService", "IngestStats"]

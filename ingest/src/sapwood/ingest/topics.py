@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from sapwood.ingest.offsets import load_offsets
+from sapwood.platform.storage.offsets import offset_store
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def ingest_lag(bootstrap: str, topic: str, group: str, engine: Engine) -> dict[i
     """Records per partition not yet in the store: log-end offset − stored next offset."""
     ends = end_offsets(bootstrap, topic)
     with engine.connect() as conn:
-        stored = load_offsets(conn, group, topic)
+        stored = offset_store(conn).read(conn, group, topic)
     return {p: end - stored.get(p, 0) for p, end in ends.items()}
 
 

@@ -141,8 +141,11 @@ def inflate(frames: bytes | memoryview, max_bytes: int | None) -> bytes:
     """Decompress the zstd ``frames`` (one or more, content size declared or not) into at most
     ``max_bytes`` bytes; raise :class:`PayloadTooLargeError` above it, :class:`DecodeError` when corrupt.
 
-    Memory stays O(``max_bytes``) whatever the compression ratio: a declared content size is checked
-    before any output is allocated, and undeclared ones are read in steps that stop past the bound.
+    Memory stays O(``max_bytes``) and time O(output) whatever the frames declare: a first frame declaring
+    more than ``max_bytes`` is refused before any output is allocated, and the output is read in a fixed
+    step (``_INFLATE_STEP``; only the first read may be the first frame's declared size, so a tiny first
+    frame cannot make every step tiny) that stops past the bound. A frame whose content disagrees with
+    its declared size is corrupt (zstd checks it).
     """
     limit = max_bytes if max_bytes is not None else 1 << 62
     try:
@@ -151,7 +154,7 @@ def inflate(frames: bytes | memoryview, max_bytes: int | None) -> bytes:
         raise DecodeError(f"corrupt zstd payload: {exc}; expected zstd frames") from None
     if declared > limit:
         raise PayloadTooLargeError(f"zstd frame declares {declared:,} bytes, above max_bytes={limit:,}")
-    step = declared + 1 if declared >= 0 else _INFLATE_STEP
+    step = declared + 1 if 0 <= declared < _INFLATE_STEP else _INFLATE_STEP  # first read only
     parts: list[bytes] = []
     total = 0
     try:
@@ -162,6 +165,7 @@ def inflate(frames: bytes | memoryview, max_bytes: int | None) -> bytes:
                 break
             parts.append(chunk)
             total += len(chunk)
+            step = _INFLATE_STEP
     except zstandard.ZstdError as exc:
         raise DecodeError(f"corrupt zstd payload: {exc}") from None
     if total > limit:
