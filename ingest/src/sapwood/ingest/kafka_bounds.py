@@ -5,7 +5,10 @@ compressed size only and kafka-python inflates the batch in memory before ingest
 1 MB batch of zeros would demand ~32 GB. :func:`install` replaces kafka-python's batch decompression with
 one that stops past ``max_batch_bytes`` and raises :class:`BatchTooLargeError` naming the partition and the
 batch's offsets; the service then dead-letters those offsets as ``too_large`` and seeks past them.
-Codecs other than zstd and gzip keep kafka-python's own decoder (lz4 and snappy are optional there).
+Codecs other than zstd and gzip (lz4, snappy: dependencies of the base install) keep kafka-python's own
+decoder. A batch that no decoder can inflate (a codec id nobody knows, a corrupt block) raises
+:class:`UndecodableBatchError`; the service dead-letters its offsets as ``decode`` and moves on, instead of
+failing the same poll forever.
 """
 
 from __future__ import annotations
@@ -25,14 +28,38 @@ _local = threading.local()
 _STEP = 1 << 20
 
 
-class BatchTooLargeError(Exception):
-    """A compressed record batch inflates past the bound; ``partition`` is set by the fetcher hook."""
+class UndecodableBatchError(Exception):
+    """A record batch ingest cannot read, whatever its records hold; ``reason`` is the dead letters' reason
+    for each of its offsets, ``partition`` is set by the fetcher hook."""
+
+    reason = "decode"
+
+    def __init__(self, base_offset: int, last_offset: int, message: str) -> None:
+        super().__init__(message)
+        self.base_offset, self.last_offset = base_offset, last_offset
+        self.partition: Any = None
+
+
+class BatchTooLargeError(UndecodableBatchError):
+    """A compressed record batch inflates past the bound."""
+
+    reason = "too_large"
 
     def __init__(self, base_offset: int, last_offset: int, limit: int, codec: str) -> None:
-        super().__init__(f"a {codec} record batch (offsets {base_offset}..{last_offset}) inflates past "
-                         f"max_batch_bytes={limit:,}")
-        self.base_offset, self.last_offset, self.limit, self.codec = base_offset, last_offset, limit, codec
-        self.partition: Any = None
+        super().__init__(base_offset, last_offset, f"a {codec} record batch (offsets {base_offset}..{last_offset}) "
+                         f"inflates past max_batch_bytes={limit:,}")
+        self.limit, self.codec = limit, codec
+
+
+def _decode_with(original: Any, batch: Any) -> None:
+    """kafka-python's own decompression of ``batch``; any failure becomes :class:`UndecodableBatchError`."""
+    try:
+        original(batch)
+    except Exception as exc:
+        raise UndecodableBatchError(
+            batch.base_offset, batch.last_offset,
+            f"record batch (offsets {batch.base_offset}..{batch.last_offset}, codec id {batch.compression_type}) "
+            f"cannot be decompressed: {type(exc).__name__}: {exc}") from exc
 
 
 def _gunzip(data: memoryview, limit: int) -> bytes | None:
@@ -68,7 +95,7 @@ def install(max_batch_bytes: int) -> None:
             codec = self.compression_type
             limit = getattr(_local, "limit", None)
             if self._decompressed or limit is None or codec not in (self.CODEC_ZSTD, self.CODEC_GZIP):
-                original(self)
+                _decode_with(original, self)
                 return
             data = memoryview(self._buffer)[self._pos :]
             name = "zstd" if codec == self.CODEC_ZSTD else "gzip"
@@ -77,8 +104,17 @@ def install(max_batch_bytes: int) -> None:
                     out: bytes | None = inflate(data, limit)
                 except PayloadTooLargeError:
                     out = None
+                except Exception as exc:
+                    raise UndecodableBatchError(self.base_offset, self.last_offset,
+                                                f"zstd record batch (offsets {self.base_offset}..{self.last_offset}) "
+                                                f"is corrupt: {type(exc).__name__}: {exc}") from exc
             else:
-                out = _gunzip(data, limit)
+                try:
+                    out = _gunzip(data, limit)
+                except zlib.error as exc:
+                    raise UndecodableBatchError(self.base_offset, self.last_offset,
+                                                f"gzip record batch (offsets {self.base_offset}..{self.last_offset}) "
+                                                f"is corrupt: {exc}") from exc
             if out is None:
                 raise BatchTooLargeError(self.base_offset, self.last_offset, limit, name)
             self._buffer = bytearray(out)
@@ -88,7 +124,7 @@ def install(max_batch_bytes: int) -> None:
         def unpack_naming_partition(self: Any, tp: Any, *args: Any) -> Iterator[Any]:
             try:
                 yield from unpack(self, tp, *args)
-            except BatchTooLargeError as exc:
+            except UndecodableBatchError as exc:
                 exc.partition = tp
                 raise
 
@@ -96,4 +132,4 @@ def install(max_batch_bytes: int) -> None:
         Fetcher.PartitionRecords._unpack_records = unpack_naming_partition
 
 
-__all__ = ["BatchTooLargeError", "install"]
+__all__ = ["BatchTooLargeError", "UndecodableBatchError", "install"]

@@ -219,7 +219,7 @@ class IngestService:
             self._resync_pending()
         try:
             polled = self.source.poll_batch()
-        except kafka_bounds.BatchTooLargeError as exc:
+        except kafka_bounds.UndecodableBatchError as exc:
             self._skip_batch(exc)
             return 0
         except Exception as exc:
@@ -232,9 +232,10 @@ class IngestService:
         self.sensor.report_lag(self.committer.snapshot(), self.source.end_offsets)
         return sum(len(r) for r in batch.values())
 
-    def _skip_batch(self, exc: kafka_bounds.BatchTooLargeError) -> None:
-        """Dead-letter every offset of a record batch that inflates past the bound (``too_large``, no payload:
-        the batch was never inflated), store the offset after it and seek there."""
+    def _skip_batch(self, exc: kafka_bounds.UndecodableBatchError) -> None:
+        """Dead-letter every offset of a record batch ingest cannot read (``exc.reason``: ``too_large`` past
+        the inflation bound, ``decode`` when no decoder can inflate it; no payload, the batch was never
+        inflated), store the offset after it and seek there."""
         tp = exc.partition
         expected = self.committer.position(tp) if tp is not None else NOT_ASSIGNED
         if expected is NOT_ASSIGNED:
@@ -245,7 +246,7 @@ class IngestService:
         records = [SkippedRecord(o) for o in range(first, exc.last_offset + 1)]
         log.error("partition %s: %s; dead-lettering offsets %d..%d", tp.partition, exc, first, exc.last_offset)
         try:
-            mismatched = self._commit({tp: records}, poison=("too_large", str(exc)))
+            mismatched = self._commit({tp: records}, poison=(exc.reason, str(exc)))
         except Exception as err:
             if connection_lost(err):
                 self._db_down(err)

@@ -168,7 +168,8 @@ class KafkaSource:
     def poll_batch(self) -> dict[TopicPartition, list[Any]]:
         """Records of one transaction: a poll, topped up for ``batch_wait_ms`` while under ``batch_size``.
 
-        Raises :class:`kafka_bounds.BatchTooLargeError` for a record batch that inflates past the bound."""
+        Raises :class:`kafka_bounds.UndecodableBatchError` for a record batch it cannot read (one that inflates
+        past the bound is its subclass :class:`kafka_bounds.BatchTooLargeError`)."""
         cfg = self.cfg
         polled = {tp: list(recs) for tp, recs in
                   self.consumer.poll(timeout_ms=cfg.poll_timeout_ms, max_records=cfg.batch_size).items()}
