@@ -46,7 +46,6 @@ from sapwood.ingest.record_decoder import SkippedRecord, decode_records
 from sapwood.ingest.source import KafkaSource, TopicPartition, quiet_socket_teardown
 from sapwood.ingest.topics import ensure_topics
 from sapwood.platform.apply import ApplyResult, apply_events
-from sapwood.platform.errors import StoreError
 from sapwood.platform.faults import fault_point
 from sapwood.platform.store import Store, make_engine
 
@@ -145,15 +144,9 @@ class IngestService:
                  cfg.group, cfg.topic, make_url(cfg.database_url).render_as_string(hide_password=True))
 
     def _migrate(self) -> None:
+        """Upgrade the schema; processes started at once wait for each other (the store's migration lock)."""
         assert self.store is not None
-        for attempt in range(3):
-            try:
-                self.store.migrate()
-                return
-            except StoreError:
-                if attempt == 2:
-                    raise
-                time.sleep(1.0)  # another process may be running the same migration
+        self.store.migrate()
 
     def close(self) -> None:
         """Leave the group and release everything (safe to call twice)."""

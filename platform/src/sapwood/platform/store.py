@@ -28,6 +28,7 @@ from sapwood.platform.projection import projection_hash, rebuild_projections
 from sapwood.platform.spans import call_input, load_spans, path_tokens
 from sapwood.platform.storage.calls import output_digests
 from sapwood.platform.storage.store_stats import finished_executions, store_counts
+from sapwood.platform.storage.transactions import transactions
 from sapwood.platform.tokens import FloatArray, TokenArray, unpack_logprobs, unpack_tokens
 
 
@@ -127,6 +128,7 @@ class Store:
         from alembic import command
 
         with translate_errors(), self.engine.begin() as conn:
+            transactions(conn).serialize_migrations(conn)  # processes started at once upgrade one by one
             command.upgrade(self._alembic(conn), revision)
 
     def downgrade(self, revision: str) -> None:

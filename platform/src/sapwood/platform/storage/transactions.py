@@ -5,6 +5,8 @@ The API's request transactions need two guarantees whose SQL differs per backend
 * a *snapshot read* — every statement of the request sees the same committed state
   (PostgreSQL: ``REPEATABLE READ``; SQLite: the connection as it is — the embedded store's
   default driver opens no transaction for reads, so a write committed in between may be seen);
+* *serialized migrations* — processes started at once on an empty database upgrade one at a time
+  (PostgreSQL: a transaction-scoped advisory lock; SQLite: the embedded store has one process);
 * a *serialized write* — a read-then-write transaction (the next score revision, the last admin
   key) cannot interleave with another (PostgreSQL: its row locks; SQLite: ``BEGIN IMMEDIATE``
   takes the database's write lock before the first read).
@@ -26,6 +28,11 @@ class Transactions(Protocol):
 
     def begin_write(self, conn: Connection) -> None:
         """Called first in a write transaction: take what serializes read-then-write transactions."""
+        ...
+
+    def serialize_migrations(self, conn: Connection) -> None:
+        """Called first in the transaction that upgrades the schema: wait until no other process is
+        migrating, so processes started at once on an empty database do not race on the DDL."""
         ...
 
 

@@ -15,3 +15,6 @@ class SQLiteTransactions(Transactions):
 
     def begin_write(self, conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def serialize_migrations(self, conn: Connection) -> None:
+        """Nothing: the embedded store is one process's (concurrent first starts are a PostgreSQL case)."""
