@@ -40,9 +40,10 @@ import torch
 from rich.console import Console
 from rich.progress import track
 
+from sapwood.learner.assembly import build_batch
 from sapwood.learner.backends import BACKENDS, create_backend
 from sapwood.learner.batch import TreeBatch, flatten
-from sapwood.learner.config import CriticConfig, LearnerConfig, PolicyLossConfig
+from sapwood.learner.config import CriticConfig, LearnerConfig, PolicyLossConfig, SourceConfig
 from sapwood.learner.loop import Learner
 from sapwood.learner.model import (
     PolicyBackend,
@@ -52,7 +53,6 @@ from sapwood.learner.model import (
     flat_forward,
     tree_forward,
 )
-from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.learner.trainer import SAOTrainer, compute_losses
 from sapwood.learner.weights import path_probability
 from sapwood.platform import runs

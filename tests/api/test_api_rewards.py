@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from api.api_helpers import Keys, TestClient, make_client, make_keys
-from sapwood.learner.source import SourceConfig, build_batch
+from sapwood.learner.assembly import build_batch
+from sapwood.learner.config import SourceConfig
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 

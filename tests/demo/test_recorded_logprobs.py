@@ -10,8 +10,9 @@ import torch
 
 from sapwood.demo.tasks import KeyRecallEnv
 from sapwood.demo.worker import run_execution
+from sapwood.learner.assembly import build_batch
+from sapwood.learner.config import SourceConfig
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, tree_forward
-from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.platform.store import Store
 from sapwood.rollout.recorder import Recorder
 from sapwood.rollout.torch_engine import LocalTorchEngine

@@ -24,8 +24,9 @@ from sapwood.demo.tasks import (
     KeyRecallEnv,
 )
 from sapwood.demo.worker import ExecutionReport, RolloutWorker, run_execution
+from sapwood.learner.assembly import build_batch
 from sapwood.learner.batch import SUMMARY
-from sapwood.learner.source import SourceConfig, build_batch
+from sapwood.learner.config import SourceConfig
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
 from sapwood.rollout.engines import Engine, Generation, SamplingParams

@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 from sapwood.demo.config import DemoConfig, DemoResult
 from sapwood.demo.driver import run_demo
 from sapwood.demo.pretrain import PretrainConfig
+from sapwood.learner.assembly import build_batch
 from sapwood.learner.batch import SUMMARY
-from sapwood.learner.source import SourceConfig, build_batch
+from sapwood.learner.config import SourceConfig
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
 

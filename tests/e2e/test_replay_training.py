@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from api.api_helpers import make_client, make_keys
-from sapwood.learner.config import CriticConfig, LearnerConfig
+from sapwood.learner.config import CriticConfig, LearnerConfig, SourceConfig
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
-from sapwood.learner.source import SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution

@@ -13,7 +13,7 @@ from sapwood.platform import schema as t
 from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFinished
 from sapwood.platform.store import Store
 from sapwood.rollout import KafkaTransport
-from sapwood.scheduler.live import SchedulerLoop
+from sapwood.scheduler.live_loop import SchedulerLoop
 from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader
 from sapwood.scheduler.policies import ElasticPolicy
 from support.histories import small_execution

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from sapwood.learner.assembly import build_batch
 from sapwood.learner.checkpoint import (
     CheckpointError,
     read_checkpoint,
@@ -18,9 +19,8 @@ from sapwood.learner.checkpoint import (
     training_state,
     write_checkpoint,
 )
-from sapwood.learner.config import CriticConfig, LearnerConfig
+from sapwood.learner.config import CriticConfig, LearnerConfig, SourceConfig
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
-from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform.store import Store
 from support.histories import small_execution

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from sapwood.learner.source import BatchSource, SourceConfig
+from sapwood.learner.claims import BatchSource
+from sapwood.learner.config import SourceConfig
 from sapwood.platform import runs
 from sapwood.platform.store import Store
 from support.histories import small_execution
@@ -65,7 +66,8 @@ def test_killed_learners_claim_is_taken_over(pg_url: str) -> None:
     _populate(pg_url, 4)
     script = textwrap.dedent(f"""
         import sys, time
-        from sapwood.learner.source import BatchSource, SourceConfig
+        from sapwood.learner.claims import BatchSource
+        from sapwood.learner.config import SourceConfig
         from sapwood.platform.store import Store
         src = BatchSource(Store.open({pg_url!r}, migrate=False), "run", learner_id="doomed",
                           config=SourceConfig(executions_per_batch=2, lease_s=2.0))

@@ -81,3 +81,10 @@ def test_learn_with_the_megatron_backend_publishes_tiny_layout_checkpoints_and_r
         teardown_parallel()
     bad = CliRunner().invoke(app, [*args, "--backend", "jax"])
     assert bad.exit_code != 0 and "--backend must be one of torch, megatron" in bad.output
+
+
+def test_learn_refuses_jmax_below_one(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'learn.db'}"
+    result = CliRunner().invoke(app, ["learn", "--database-url", url, "--run", "r", "--jmax", "0"])
+    assert result.exit_code == 2, result.output
+    assert "jmax must be >= 1" in result.output

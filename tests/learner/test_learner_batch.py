@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from sapwood.learner import _tree
+from sapwood.learner import forest
 from sapwood.learner.batch import (
     ACTION,
     OBSERVATION,
@@ -43,7 +43,7 @@ def test_tree_accumulate_matches_loop(seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     weight = torch.rand(300, generator=g, dtype=torch.float64)
     const = torch.randn(300, generator=g, dtype=torch.float64)
-    got = _tree.tree_accumulate(parent, weight, const)
+    got = forest.tree_accumulate(parent, weight, const)
     want = loop_accumulate(parent.tolist(), weight.tolist(), const.tolist())
     assert torch.allclose(got, torch.tensor(want, dtype=torch.float64), atol=1e-10)
 
@@ -56,8 +56,8 @@ def test_depth_root_mask_match_loops(seed: int) -> None:
     for i in range(200):
         if p[i] >= 0:
             depth[i], root[i] = depth[p[i]] + 1, root[p[i]]
-    assert _tree.depth(parent).tolist() == depth
-    assert _tree.root_of(parent).tolist() == root
+    assert forest.depth(parent).tolist() == depth
+    assert forest.root_of(parent).tolist() == root
     mask = torch.zeros(200, 200, dtype=torch.bool)
     for i in range(200):
         j = i
@@ -70,8 +70,8 @@ def test_depth_root_mask_match_loops(seed: int) -> None:
 def test_long_chain_needs_only_log_rounds() -> None:
     n = 50_000
     parent = torch.arange(-1, n - 1)
-    assert _tree.depth(parent)[-1].item() == n - 1
-    y = _tree.tree_accumulate(parent, torch.full((n,), 0.5, dtype=torch.float64), torch.ones(n, dtype=torch.float64))
+    assert forest.depth(parent)[-1].item() == n - 1
+    y = forest.tree_accumulate(parent, torch.full((n,), 0.5, dtype=torch.float64), torch.ones(n, dtype=torch.float64))
     assert y[0].item() == pytest.approx(2.0)  # sum of 0.5**k
 
 
@@ -104,7 +104,7 @@ def test_builder_and_derived_fields() -> None:
 
 def test_small_batch_positions_are_depths() -> None:
     batch = small_batch()
-    assert torch.equal(batch.position, _tree.depth(batch.parent))
+    assert torch.equal(batch.position, forest.depth(batch.parent))
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_random_batches_cover_every_feature() -> None:
     forks = segments = shared_prompt = obs_leaf = untrained_action = 0
     for seed in range(30):
         b = random_tree_batch(seed)
-        forks += int((_tree.child_count(b.logical_parent()) > 1).sum())
+        forks += int((forest.child_count(b.logical_parent()) > 1).sum())
         starts = b.segment_parent >= 0
         segments += int(starts.sum())
         shared_prompt += int((starts & (b.parent >= 0)).sum())

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from sapwood.learner.advantages import batch_gae
+from sapwood.learner.assembly import build_batch
 from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder
-from sapwood.learner.config import LearnerConfig, PolicyLossConfig
+from sapwood.learner.config import LearnerConfig, PolicyLossConfig, SourceConfig
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.flat import flatten
 from sapwood.learner.losses import dis_policy_loss, value_loss
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, flat_forward, tree_forward
-from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.learner.trainer import LossTargets, compute_losses
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter

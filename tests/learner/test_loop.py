@@ -6,10 +6,9 @@ from pathlib import Path
 
 import torch
 
-from sapwood.learner.config import CriticConfig, LearnerConfig
+from sapwood.learner.config import CriticConfig, LearnerConfig, SourceConfig
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
-from sapwood.learner.source import SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.store import Store

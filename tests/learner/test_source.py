@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from sapwood.learner.assembly import build_batch
 from sapwood.learner.batch import ACTION, SUMMARY
-from sapwood.learner.source import BatchSource, RewardPolicy, SourceConfig, build_batch
+from sapwood.learner.claims import BatchSource
+from sapwood.learner.config import SourceConfig
 from sapwood.platform import runs
 from sapwood.platform.store import Store
+from sapwood.platform.tree import RewardPolicy
 from sapwood.platform.writer import ExecutionWriter
 from support.histories import small_execution
 

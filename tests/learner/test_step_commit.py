@@ -10,10 +10,9 @@ import torch
 from learner.learner_helpers import replay_store
 from sapwood.learner.audit import audit_training
 from sapwood.learner.checkpoint import CheckpointError
-from sapwood.learner.config import CriticConfig, LearnerConfig
+from sapwood.learner.config import CriticConfig, LearnerConfig, SourceConfig
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
-from sapwood.learner.source import SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished

@@ -13,7 +13,7 @@ from sapwood.platform.cli import app
 from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFinished
 from sapwood.platform.store import Store
 from sapwood.rollout.transports import InProcessTransport
-from sapwood.scheduler.live import LoggingActuator, SchedulerLoop
+from sapwood.scheduler.live_loop import LoggingActuator, SchedulerLoop
 from sapwood.scheduler.live_signals import LiveSignalReader
 from sapwood.scheduler.policies import ElasticPolicy
 from support.histories import small_execution

@@ -151,7 +151,7 @@ class _ParkFirstCell:
 
 
 def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from sapwood.scheduler.live import SchedulerLoop
+    from sapwood.scheduler.live_loop import SchedulerLoop
     from sapwood.scheduler.runtime.actuator import RayActuator
     from sapwood.scheduler.runtime.cluster import ElasticRuntime
     from sapwood.scheduler.runtime.store_writer import RayStoreTransport

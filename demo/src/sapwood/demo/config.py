@@ -11,7 +11,14 @@ from sapwood.demo.pretrain import PretrainConfig
 from sapwood.demo.tasks import KeyRecallConfig
 from sapwood.demo.worker import ExecutionReport
 from sapwood.learner.backends import BACKENDS
-from sapwood.learner.config import AdvantageConfig, CriticConfig, LearnerConfig, OptimConfig, PolicyLossConfig
+from sapwood.learner.config import (
+    DEFAULT_JMAX,
+    AdvantageConfig,
+    CriticConfig,
+    LearnerConfig,
+    OptimConfig,
+    PolicyLossConfig,
+)
 from sapwood.learner.model import TinyTransformerConfig
 from sapwood.platform.errors import ValidationError
 
@@ -38,8 +45,8 @@ class DemoConfig:
     """Workers pause while this many finished executions wait for training."""
     executions_per_batch: int = 8
     """Most executions a learner claims per step (it takes what is ready, no barrier)."""
-    jmax: int = 8
-    """At most this many trajectories of one execution per batch."""
+    jmax: int = DEFAULT_JMAX
+    """At most this many trajectories of one execution per batch (>= 1)."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts (1: the logged π_rollout is the model's distribution)."""
     top_p: float = 1.0

@@ -40,8 +40,8 @@ from sapwood.demo.tasks import KeyRecallEnv
 from sapwood.demo.threads import IngestThread, LearnerThread, quiet_kafka
 from sapwood.demo.worker import ExecutionReport, RolloutWorker
 from sapwood.learner.backends import create_backend
+from sapwood.learner.config import SourceConfig
 from sapwood.learner.loop import Learner, latest_policy
-from sapwood.learner.source import SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished

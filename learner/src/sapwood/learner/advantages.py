@@ -3,7 +3,7 @@
 All functions are pure, run under ``torch.no_grad()``, compute in float64 and
 return float32. None of them loops over tokens in Python: chains and trees are
 solved by pointer doubling (``O(log length)`` whole-tensor rounds, see
-``_tree.tree_accumulate``).
+``forest.tree_accumulate``).
 
 Conventions. ``values[i]`` is V of the state just before token ``i`` (read from
 the model at ``parent[i]``). Only trainable tokens take part in the recursion:
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sapwood.learner._tree import child_count, child_sum, tree_accumulate
 from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import AdvantageConfig
+from sapwood.learner.forest import child_count, child_sum, tree_accumulate
 
 __all__ = [
     "GAEResult",

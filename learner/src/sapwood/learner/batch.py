@@ -34,11 +34,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sapwood.learner._tree import ancestor_mask, child_count, root_of
+from sapwood.learner.config import check_jmax
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.flat import FlatBatch, flatten
+from sapwood.learner.forest import ancestor_mask, child_count, root_of
 from sapwood.learner.weights import path_probability, per_execution_sum
-from sapwood.platform.tree import ROLE_NAMES, Role
+from sapwood.platform.tree import ROLE_NAMES, Role, trainable_roles
 
 __all__ = [
     "ACTION",
@@ -201,6 +202,8 @@ class TreeBatch:
         Args:
             jmax: if given, at most this many trajectories (logical leaves) per execution.
         """
+        if jmax is not None:
+            check_jmax(jmax)
         t = self.num_tokens
         expected = {
             "tokens": torch.int64,
@@ -263,7 +266,7 @@ class TreeBatch:
         spc = sp.clamp(min=0)
         bad(has_sp & (self.role[spc] != SUMMARY), "segment_parent must point at a summary token")
         bad(has_sp & (self.execution[spc] != self.execution), "segment_parent must be in the same execution")
-        model_out = (self.role == ACTION) | (self.role == SUMMARY)
+        model_out = torch.isin(self.role, torch.tensor(sorted(trainable_roles()), device=self.device))
         bad(self.trainable & ~model_out, "only action and summary tokens can be trainable")
         bad(self.trainable & root, "a context root cannot be trainable (no context to score it)")
         bad(~torch.isfinite(self.rollout_logprob), "rollout_logprob must be finite")
@@ -352,7 +355,7 @@ class TreeBatchBuilder:
         """
         if not tokens:
             raise ValueError("a run needs at least one token")
-        model_out = role in (ACTION, SUMMARY)
+        model_out = role in trainable_roles()
         train = model_out if trainable is None else trainable
         n = len(tokens)
         if logprobs is not None and len(logprobs) != n:

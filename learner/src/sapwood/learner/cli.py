@@ -22,7 +22,8 @@ def learn(
     source_run: Annotated[str | None, typer.Option(help="make RUN a live run over these")] = None,
     max_steps: Annotated[int, typer.Option(help="stop after this many batches")] = 100,
     idle_timeout: Annotated[float, typer.Option(help="stop when no batch arrives for this long (s)")] = 10.0,
-    jmax: Annotated[int, typer.Option(help="at most this many trajectories per execution")] = 8,
+    jmax: Annotated[int | None, typer.Option(
+        help="at most this many trajectories per execution, >= 1 (default: learner.config.DEFAULT_JMAX)")] = None,
     executions_per_batch: int = 4,
     checkpoint_dir: Annotated[Path, typer.Option(help="where policy checkpoints are written")] = Path("checkpoints"),
     vocab_size: Annotated[int | None, typer.Option(help="model vocabulary (default: from the executions)")] = None,
@@ -39,10 +40,10 @@ def learn(
     from rich.progress import Progress
 
     from sapwood.learner.backends import BACKENDS, create_backend
-    from sapwood.learner.config import CriticConfig, LearnerConfig
+    from sapwood.learner.config import DEFAULT_JMAX, CriticConfig, LearnerConfig, SourceConfig, check_jmax
+    from sapwood.learner.errors import ConfigError
     from sapwood.learner.loop import Learner
     from sapwood.learner.model import TinyTransformerConfig
-    from sapwood.learner.source import SourceConfig
     from sapwood.learner.trainer import SAOTrainer
     from sapwood.platform import runs
     from sapwood.platform.errors import UnknownParentError
@@ -50,6 +51,10 @@ def learn(
     from sapwood.platform.storage.learner_reads import largest_vocab_size
     from sapwood.platform.store import Store
 
+    try:
+        jmax = check_jmax(DEFAULT_JMAX if jmax is None else jmax)
+    except ConfigError as exc:
+        raise typer.BadParameter(f"--jmax: {exc}") from None
     if backend_name not in BACKENDS:
         raise typer.BadParameter(f"--backend must be one of {', '.join(BACKENDS)}, got {backend_name!r}")
     torch.set_num_threads(threads)

@@ -12,8 +12,10 @@ from typing import Literal
 
 from sapwood.learner.errors import ConfigError
 from sapwood.learner.horizon import DEFAULT_HORIZON_TOKENS, lam_for_horizon
+from sapwood.platform.tree import RewardPolicy
 
 __all__ = [
+    "DEFAULT_JMAX",
     "AdvantageConfig",
     "CriticConfig",
     "DISWindow",
@@ -23,7 +25,24 @@ __all__ = [
     "OptimConfig",
     "PolicyLossConfig",
     "PolicyLossKind",
+    "SourceConfig",
+    "check_jmax",
 ]
+
+DEFAULT_JMAX = 8
+"""Default Jmax: at most this many trajectories (leaves) of one execution per batch."""
+
+
+def check_jmax(jmax: int) -> int:
+    """Return ``jmax`` if it is a valid Jmax (an int >= 1); raise ``ConfigError`` otherwise.
+
+    Jmax bounds the trajectories of one execution per batch; 0 or less would keep no leaf at all.
+    """
+    if isinstance(jmax, bool) or not isinstance(jmax, int):
+        raise ConfigError(f"jmax must be an int >= 1 (trajectories per execution), got {jmax!r}")
+    if jmax < 1:
+        raise ConfigError(f"jmax must be >= 1 (trajectories per execution), got {jmax}")
+    return jmax
 
 LossAggregation = Literal["token", "segment_mean"]
 """``"token"``: sum over trainable tokens / |M| (CompactionRL, default). ``"segment_mean"``: mean per
@@ -194,9 +213,32 @@ class LearnerConfig:
     """Critic warm-up, catch-up and value-gradient stabilization."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizers."""
-    jmax: int = 8
+    jmax: int = DEFAULT_JMAX
     """At most this many trajectories of one execution per batch (checked by ``validate``)."""
 
     def __post_init__(self) -> None:
-        if self.jmax < 1:
-            raise ConfigError(f"jmax must be >= 1, got {self.jmax}")
+        check_jmax(self.jmax)
+
+
+@dataclass
+class SourceConfig:
+    """What a batch source claims (:mod:`sapwood.learner.claims`) and how it assembles batches
+    (:mod:`sapwood.learner.assembly`)."""
+
+    jmax: int = DEFAULT_JMAX
+    """At most this many trajectories (leaves) per execution; chosen uniformly with a seed (>= 1)."""
+    executions_per_batch: int = 4
+    """Executions claimed per batch."""
+    lease_s: float = 600.0
+    """Claim lease; a crashed learner's executions are claimable again after it."""
+    poll_s: float = 0.2
+    """Wait between claim attempts when the run has nothing pending."""
+    seed: int = 0
+    """Seed of the Jmax selection."""
+    reward: RewardPolicy = field(default_factory=RewardPolicy)
+    """Reward policy (``sapwood.platform.tree``; the API shows rewards under its default)."""
+    train_summaries: bool = True
+    """False freezes the summarizer: summary tokens stay in context but are not trainable."""
+
+    def __post_init__(self) -> None:
+        check_jmax(self.jmax)

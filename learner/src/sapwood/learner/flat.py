@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from sapwood.learner._tree import ancestor_mask, child_count
 from sapwood.learner.errors import BatchValidationError
+from sapwood.learner.forest import ancestor_mask, child_count
 
 if TYPE_CHECKING:
     from sapwood.learner.batch import TreeBatch

@@ -34,8 +34,9 @@ from sapwood.learner.checkpoint import (
     training_state,
     write_checkpoint,
 )
+from sapwood.learner.claims import BatchSource, ClaimedBatch
+from sapwood.learner.config import SourceConfig
 from sapwood.learner.model import PolicyBackend
-from sapwood.learner.source import BatchSource, ClaimedBatch, SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.apply import apply_events

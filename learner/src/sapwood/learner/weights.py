@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sapwood.learner._tree import ancestor_product, child_count
+from sapwood.learner.forest import ancestor_product, child_count
 
 __all__ = ["path_probability", "per_execution_sum"]
 

@@ -68,7 +68,7 @@ def simulate_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    from sapwood.scheduler import live_cli
+    from sapwood.scheduler import live_loop_cli
 
-    live_cli.register(scheduler_app)
+    live_loop_cli.register(scheduler_app)
     app.add_typer(scheduler_app, name="scheduler")

@@ -32,9 +32,9 @@ from sapwood.demo.elastic.executions import ExecutionOutcome, ExecutionPool
 from sapwood.demo.phases import eval_tasks, evaluate, pretrained_policy
 from sapwood.demo.pretrain import PretrainConfig
 from sapwood.demo.tasks import KeyRecallEnv
+from sapwood.learner.config import SourceConfig
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TorchBackend
-from sapwood.learner.source import SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished

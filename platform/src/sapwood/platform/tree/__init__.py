@@ -1,6 +1,6 @@
 """The trajectory tree: the one home of its rules, used by apply, the recorder, the learner and the API.
 
-- :mod:`.roles` — what a node's tokens are (:class:`Role`) and which roles are trainable;
+- :mod:`.roles` — what a node's tokens are (:class:`Role`) and which roles are trainable (:func:`trainable_roles`);
 - :mod:`.nodes` — the node record every reader gets, and the logical-parent rule that links a
   compaction's new segment root to the summary it continues;
 - :mod:`.prefix` — longest-prefix matching of a full token input against the stored nodes;
@@ -16,7 +16,7 @@ from sapwood.platform.tree.rewards import (
     RewardSource,
     resolve_reward,
 )
-from sapwood.platform.tree.roles import ROLE_NAMES, TRAINABLE_ROLES, Role
+from sapwood.platform.tree.roles import ROLE_NAMES, TRAINABLE_ROLES, Role, trainable_roles
 
 __all__ = [
     "DEFAULT_REWARD_POLICY",
@@ -31,4 +31,5 @@ __all__ = [
     "logical_parent_sql",
     "match_prefix",
     "resolve_reward",
+    "trainable_roles",
 ]

@@ -28,4 +28,10 @@ ROLE_NAMES: dict[int, str] = {r.value: r.label for r in Role}
 """Role code → label, for readers holding plain integers."""
 
 TRAINABLE_ROLES: frozenset[Role] = frozenset({Role.ACTION, Role.SUMMARY})
-"""Roles whose tokens are model outputs and so can be trained on."""
+"""Roles whose tokens are model outputs and so can be trained on (``trainable_roles()``)."""
+
+
+def trainable_roles(*, train_summaries: bool = True) -> frozenset[Role]:
+    """The trainable-role rule: model outputs (actions, summaries) are trainable; prompts and observations
+    never are. ``train_summaries=False`` freezes the summarizer (summaries stay in context, untrained)."""
+    return TRAINABLE_ROLES if train_summaries else TRAINABLE_ROLES - {Role.SUMMARY}

@@ -39,7 +39,7 @@ def run(
     from sapwood.platform.settings import Settings
     from sapwood.platform.store import Store
     from sapwood.rollout.transports import InProcessTransport, KafkaTransport, Transport
-    from sapwood.scheduler.live import LoggingActuator, SchedulerLoop
+    from sapwood.scheduler.live_loop import LoggingActuator, SchedulerLoop
     from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader
     from sapwood.scheduler.metrics import SchedulerMetrics
     from sapwood.scheduler.policy import load_policy
