@@ -21,7 +21,6 @@ import statistics
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +67,7 @@ def bench_switches(n_switches: int, out: Path) -> dict[str, Any]:
             reports.append(rt.assign("c0", "train" if i % 2 == 0 else "rollout", reason="bench"))
             time.sleep(0.3)
         runner.join(timeout=600)
-        rows = rt.query("SELECT execution_id, COUNT(*) FROM calls GROUP BY execution_id")
-        in_store = {str(uuid.UUID(str(e))): int(n) for e, n in rows}
+        in_store = {eid: counts.calls for eid, counts in rt.call_counts().items()}
         lost = sum(max(o.calls - in_store.get(o.execution_id, 0), 0) for o in outcomes)
         dup = sum(max(in_store.get(o.execution_id, 0) - o.calls, 0) for o in outcomes)
         router = ray.get(rt.router.stats.remote())

@@ -7,19 +7,20 @@ from collections.abc import Callable
 
 import pytest
 
+from sapwood.platform.events.cells import CellRole
 from sapwood.scheduler.policies import AsyncPolicy, ColocatePolicy, ElasticPolicy
 from sapwood.scheduler.policy import Decision, check_decision, load_policy
-from sapwood.scheduler.signals import CellState, Role, Signals
+from sapwood.scheduler.signals import CellState, Signals
 
 CELLS, CAP, BATCH, TICK = 8, 4, 32, 60.0
 
 
 def run_trace(
-    policy: ElasticPolicy, ticks: int, make: Callable[[int], dict[str, object]], initial: Role = "rollout"
-) -> tuple[list[dict[str, Role]], list[tuple[int, str, Role, str]]]:
+    policy: ElasticPolicy, ticks: int, make: Callable[[int], dict[str, object]], initial: CellRole = "rollout"
+) -> tuple[list[dict[str, CellRole]], list[tuple[int, str, CellRole, str]]]:
     """Apply each decision at once; return the assignment after every tick and the moves (tick, cell, to, why)."""
     ids = [f"c{i}" for i in range(CELLS)]
-    assignment: dict[str, Role] = dict.fromkeys(ids, initial)
+    assignment: dict[str, CellRole] = dict.fromkeys(ids, initial)
     since = dict.fromkeys(ids, -1e9)
     history, moves = [], []
     for k in range(ticks):
@@ -36,7 +37,7 @@ def run_trace(
     return history, moves
 
 
-def rollout_capacity(a: dict[str, Role]) -> int:
+def rollout_capacity(a: dict[str, CellRole]) -> int:
     return sum(CAP for r in a.values() if r == "rollout")
 
 
@@ -170,14 +171,14 @@ def surplus_signals(at_s: float, since: float, demand: int) -> Signals:
 
 def test_min_dwell_boundary_is_inclusive() -> None:
     policy = ElasticPolicy(min_dwell_s=60.0, hysteresis_slots=0)
-    assignment: dict[str, Role] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
+    assignment: dict[str, CellRole] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
     assert not policy.decide(surplus_signals(159.999, 100.0, 4), assignment).moves(assignment)
     assert len(policy.decide(surplus_signals(160.0, 100.0, 4), assignment).moves(assignment)) == 1
 
 
 def test_hysteresis_boundary() -> None:
     """Releasing one of two 4-slot cells leaves 4 slots: allowed iff 4 ≥ demand + hysteresis."""
-    assignment: dict[str, Role] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
+    assignment: dict[str, CellRole] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
     for hysteresis, demand, moves in [(1, 3, 1), (1, 4, 0), (0, 4, 1), (0, 5, 0)]:
         d = ElasticPolicy(min_dwell_s=0, hysteresis_slots=hysteresis).decide(surplus_signals(10, 0, demand), assignment)
         assert len(d.moves(assignment)) == moves, (hysteresis, demand, d.reasons)
@@ -185,7 +186,7 @@ def test_hysteresis_boundary() -> None:
 
 def test_switch_cost_gate_boundary() -> None:
     """Saved = min(idle 3600/1 s, work 3600/2 s) = 1800 s; the gate needs saved > margin × 2 × cost."""
-    assignment: dict[str, Role] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
+    assignment: dict[str, CellRole] = {"r0": "rollout", "r1": "rollout", "t0": "train"}
     policy = ElasticPolicy(min_dwell_s=0, hysteresis_slots=0, round_trip=True)
     for cost, moves in [(899.999, 1), (900.0, 0)]:
         s = dataclasses.replace(surplus_signals(10, 0, 0), switch_cost_mean_s=cost, in_flight=0)

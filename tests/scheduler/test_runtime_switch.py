@@ -10,7 +10,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from sapwood.scheduler.runtime.cluster import CellSpec  # noqa: E402
-from support.elastic_runtime import Background, executions, start_runtime, store_calls  # noqa: E402
+from support.elastic_runtime import Background, start_runtime  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,7 +62,7 @@ def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None
         outcomes = bg.join()
         stats = ray.get(rt.router.stats.remote())
         assert stats["aborted"] >= report.aborted_calls and stats["rerouted"] >= report.aborted_calls
-        in_store = store_calls(rt)
+        in_store = rt.call_counts()
         assert len(outcomes) == 4
         for o in outcomes:
             assert o.status in ("success", "timeout"), o
@@ -70,19 +70,17 @@ def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None
             # and its step counter went on from where it was (an execution that ended before the switch has none)
             assert o.steps >= before.get(o.execution_id, {"steps": 0})["steps"]
             row = in_store[o.execution_id]
-            assert row["calls"] == o.calls == row["distinct_seq"]  # every completed call once, none lost
-            assert row["actions"] == o.steps  # one recorded action call per environment step
+            assert row.calls == o.calls == row.distinct_seq  # every completed call once, none lost
+            assert row.actions == o.steps  # one recorded action call per environment step
         assert sum(o.steps for o in outcomes if o.execution_id in before) > sum(p["steps"] for p in before.values())
         assert sum(o.rerouted_calls for o in outcomes) == report.aborted_calls
         served = {o.execution_id: o.cells or {} for o in outcomes}
         after_switch = ray.get(rt.cells["c0"].status.remote())
         assert after_switch["role"] == "train" and after_switch["in_flight"] == 0
         assert sum(c.get("c1", 0) for c in served.values()) > 0
-        phases = {p for (p,) in rt.query("SELECT phase FROM switch_phases WHERE cell_id = 'c0'")}
-        assert phases == set(report.phases)
-        (status,) = rt.query("SELECT role FROM cells WHERE cell_id = 'c0'")[0]
-        assert status == "train"
-        assert {e: s for e, (s, _) in executions(rt).items()} == {o.execution_id: o.status for o in outcomes}
+        assert rt.switch_phases("c0") == set(report.phases)
+        assert rt.cell_roles()["c0"] == "train"
+        assert {e: x.status for e, x in rt.executions().items()} == {o.execution_id: o.status for o in outcomes}
     finally:
         rt.shutdown()
 
@@ -97,9 +95,9 @@ def test_killed_cell_calls_are_reissued_and_no_execution_is_lost(tmp_path) -> No
         stats = ray.get(rt.router.stats.remote())
         assert "c0" in stats["lost_cells"] and stats["cell_lost"] >= 1
         assert [o.status in ("success", "timeout") for o in outcomes] == [True] * 3
-        in_store = store_calls(rt)
+        in_store = rt.call_counts()
         for o in outcomes:
-            assert in_store[o.execution_id]["calls"] == o.calls
+            assert in_store[o.execution_id].calls == o.calls
         assert sum(o.rerouted_calls for o in outcomes) >= 1
     finally:
         rt.shutdown()
@@ -127,9 +125,10 @@ def test_killed_execution_actor_ends_as_error_with_reason(tmp_path) -> None:  # 
         assert outcomes[victim].status == "error" and "execution actor lost" in outcomes[victim].message
         other = next(e for e in outcomes if e != victim)
         assert outcomes[other].status in ("success", "timeout")
-        rows = executions(rt)
-        assert rows[victim][0] == "error" and "execution actor lost" in rows[victim][1]
-        assert rows[other][0] in ("success", "timeout")
+        rows = rt.executions()
+        assert rows[victim].status == "error"
+        assert "execution actor lost" in rows[victim].message
+        assert rows[other].status in ("success", "timeout")
     finally:
         rt.shutdown()
 
@@ -172,11 +171,9 @@ def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type
         assert result.moves == {"c0": ("rollout", "idle")}
         assert ray.get(rt.cells["c0"].status.remote())["role"] == "idle"
         assert ray.get(rt.router.stats.remote())["roles"]["c0"] == "idle"
-        phases = {p for (p,) in rt.query("SELECT phase FROM switch_phases WHERE cell_id = 'c0'")}
-        assert {"drain", "grace"} <= phases
-        (reason,) = rt.query("SELECT reason FROM scheduler_decisions WHERE cell_id = 'c0' AND role = 'idle'")[0]
-        assert reason == "test: park c0"
-        assert rt.query("SELECT role FROM cells WHERE cell_id = 'c0'")[0][0] == "idle"
+        assert {"drain", "grace"} <= rt.switch_phases("c0")
+        assert [d["reason"] for d in rt.decisions("c0", "idle")] == ["test: park c0"]
+        assert rt.cell_roles()["c0"] == "idle"
     finally:
         rt.shutdown()
 
@@ -184,18 +181,20 @@ def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type
 def test_store_writer_records_an_execution_lost_before_it_started(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import uuid
 
-    from sapwood.scheduler.runtime.store_writer import StoreWriter
+    from sapwood.scheduler.runtime.cluster import StoreWriterActor
 
-    writer = StoreWriter.remote(f"sqlite:///{tmp_path / 'store.db'}")  # type: ignore[attr-defined]
+    writer = StoreWriterActor.remote(f"sqlite:///{tmp_path / 'store.db'}")
     try:
         eid = str(uuid.uuid4())
         with pytest.raises(ray.exceptions.RayTaskError, match="pass run_id and task_id"):
             ray.get(writer.finish_lost.remote(eid, "gone"))
         assert ray.get(writer.finish_lost.remote(eid, "actor lost before its first event", run_id="r", task_id="t"))
         assert not ray.get(writer.finish_lost.remote(eid, "again", run_id="r", task_id="t"))  # finished already
-        rows = ray.get(writer.query.remote("SELECT status, message, metadata FROM executions"))
-        assert len(rows) == 1 and rows[0][0] == "error" and rows[0][1] == "actor lost before its first event"
-        assert "lost_before_start" in str(rows[0][2])
+        rows = list(ray.get(writer.executions.remote()).values())
+        assert len(rows) == 1
+        assert rows[0].status == "error"
+        assert rows[0].message == "actor lost before its first event"
+        assert rows[0].metadata.get("lost_before_start") is True
     finally:
         ray.kill(writer)
 

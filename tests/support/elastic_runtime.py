@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +64,3 @@ class Background:
         if self.error is not None:
             raise self.error
         return self.outcomes
-
-
-def store_calls(rt: ElasticRuntime) -> dict[str, dict[str, int]]:
-    """execution id → {"calls": n, "actions": n, "distinct_seq": n} counted in the store."""
-    rows = rt.query("SELECT execution_id, COUNT(*), SUM(CASE WHEN call_kind='action' THEN 1 ELSE 0 END), "
-                    "COUNT(DISTINCT seq) FROM calls GROUP BY execution_id")
-    return {canon(e): {"calls": int(c), "actions": int(a), "distinct_seq": int(d)} for e, c, a, d in rows}
-
-
-def canon(value: object) -> str:
-    """A UUID as the events carry it (SQLite stores ``Uuid`` columns as 32 hex digits)."""
-    return str(uuid.UUID(str(value)))
-
-
-def executions(rt: ElasticRuntime) -> dict[str, tuple[str, str]]:
-    """execution id → (status, message) in the store."""
-    return {canon(e): (str(s), str(m)) for e, s, m in rt.query("SELECT execution_id, status, message FROM executions")}

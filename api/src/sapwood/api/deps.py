@@ -23,6 +23,7 @@ from sapwood.api.schemas import NO_NUL
 from sapwood.api.tokenizer import Tokenizer
 from sapwood.api.versions import VersionReader
 from sapwood.platform.errors import ValidationError
+from sapwood.platform.events.base import ExecutionStatus
 from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.storage.transactions import Transactions, transactions
 from sapwood.platform.store import Store, translate_errors
@@ -135,7 +136,7 @@ Text = Annotated[str | None, Query(max_length=256, pattern=NO_NUL)]
 Version = Annotated[int | None, Query(ge=0, le=2**31 - 1)]
 Seconds = Annotated[float | None, Query(allow_inf_nan=False, description="unix seconds")]
 Score = Annotated[float | None, Query(allow_inf_nan=False)]
-Status = Literal["running", "success", "timeout", "error"]
+Status = ExecutionStatus
 
 
 async def execution_filter(

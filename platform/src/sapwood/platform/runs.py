@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 from sqlalchemy.engine import Connection
 
 from sapwood.platform.errors import UnknownParentError, ValidationError
+from sapwood.platform.events.base import ExecutionStatus
 from sapwood.platform.json_values import DOUBLE_MAX, EXACT_INT_MAX, check_json_numbers, number_problem
 from sapwood.platform.run_ids import check_run_id
 from sapwood.platform.storage.runs import FINISHED as FINISHED  # re-exported: what a run queues
@@ -71,7 +72,7 @@ class ExecutionFilter(BaseModel):
     run_id: FilterText | None = Field(default=None, description="executions recorded under this run id")
     task_id: FilterText | None = None
     task_family: FilterText | None = None
-    status: list[Literal["running", "success", "timeout", "error"]] | None = None
+    status: list[ExecutionStatus] | None = None
     min_policy_version: NonNegativeInt32 | None = None
     max_policy_version: NonNegativeInt32 | None = None
     min_score: JsonNumber | None = Field(default=None, description="on the reward, or the partial score if unrewarded")

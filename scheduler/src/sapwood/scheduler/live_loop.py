@@ -1,9 +1,10 @@
 """The live loop: read signals, decide, record every decision as an event, hand moves to an actuator.
 
-Decisions travel as ``role_assigned`` events through the same transport as rollout events (Kafka →
-ingest, or in-process), so the ``cells`` projection and ``scheduler_decisions`` are built by ingest like
-every other projection. Until a decision shows in the projection the loop overlays it on what it reads
-(the cell counts as switching), so a slow ingest never makes it decide the same move twice.
+Decisions are recorded by :class:`~sapwood.scheduler.decisions.DecisionRecorder`: ``role_assigned`` and
+``switch_phase`` events through the same transport as rollout events (Kafka → ingest, or in-process), so
+the ``cells`` projection and ``scheduler_decisions`` are built by ingest like every other projection.
+Until a decision shows in the projection the loop overlays it on what it reads (the cell counts as
+switching), so a slow ingest never makes it decide the same move twice.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sapwood.platform.events import Event, RoleAssigned, SwitchPhase
+from sapwood.platform.events.cells import CellRole
+from sapwood.scheduler.decisions import DecisionRecorder, EventSink
 from sapwood.scheduler.metrics import SchedulerMetrics
 from sapwood.scheduler.policy import Decision, Policy, check_decision
-from sapwood.scheduler.signals import Role, Signals
+from sapwood.scheduler.signals import Signals
 
 log = logging.getLogger(__name__)
 
@@ -26,32 +28,26 @@ log = logging.getLogger(__name__)
 class Actuator(Protocol):
     """Carries out a move; returns the phases it went through as ``(phase, seconds)``."""
 
-    def move(self, cell_id: str, from_role: Role, to_role: Role, reason: str) -> list[tuple[str, float]]: ...
+    def move(self, cell_id: str, from_role: CellRole, to_role: CellRole, reason: str) -> list[tuple[str, float]]: ...
 
 
 class LoggingActuator:
     """Moves nothing: logs each move (the Ray runtime's actuator comes later). Reports no switch phases."""
 
     def __init__(self) -> None:
-        self.moves: list[tuple[str, Role, Role, str]] = []
+        self.moves: list[tuple[str, CellRole, CellRole, str]] = []
 
-    def move(self, cell_id: str, from_role: Role, to_role: Role, reason: str) -> list[tuple[str, float]]:
+    def move(self, cell_id: str, from_role: CellRole, to_role: CellRole, reason: str) -> list[tuple[str, float]]:
         log.info("move %s: %s → %s (%s)", cell_id, from_role, to_role, reason)
         self.moves.append((cell_id, from_role, to_role, reason))
         return []
-
-
-class EventSink(Protocol):
-    def send(self, event: Event) -> None: ...
-
-    def flush(self, timeout: float | None = None) -> None: ...
 
 
 @dataclass
 class TickResult:
     signals: Signals
     decision: Decision
-    moves: dict[str, tuple[Role, Role]]
+    moves: dict[str, tuple[CellRole, CellRole]]
     seconds: float
 
 
@@ -65,7 +61,7 @@ class SchedulerLoop:
     actuator: Actuator = field(default_factory=LoggingActuator)
     metrics: SchedulerMetrics | None = None
     #: cell_id → (role, sent at): decisions sent but not yet in the projection
-    pending: dict[str, tuple[Role, float]] = field(default_factory=dict)
+    pending: dict[str, tuple[CellRole, float]] = field(default_factory=dict)
 
     def _overlay(self, s: Signals) -> Signals:
         cells = []
@@ -78,6 +74,9 @@ class SchedulerLoop:
                                                                    switching=True))
         return dataclasses.replace(s, cells=tuple(cells))
 
+    def __post_init__(self) -> None:
+        self.recorder = DecisionRecorder(self.sink, policy=getattr(self.policy, "name", type(self.policy).__name__))
+
     def tick(self) -> TickResult:
         t0 = time.perf_counter()
         s = self._overlay(self.read())
@@ -86,16 +85,13 @@ class SchedulerLoop:
         seconds = time.perf_counter() - t0
         moves = decision.moves(assignment)
         snapshot = s.to_json() if moves else {}
-        name = getattr(self.policy, "name", type(self.policy).__name__)
         for cell_id, (old, new) in sorted(moves.items()):
             reason = decision.reasons.get(cell_id, "")
-            self.sink.send(RoleAssigned(cell_id=cell_id, role=new, previous_role=old, reason=reason, policy=name,
-                                        signals=snapshot))
-            for phase, dur in self.actuator.move(cell_id, old, new, reason):
-                self.sink.send(SwitchPhase(cell_id=cell_id, phase=phase, duration_s=dur, role=new))
+            self.recorder.assignment(cell_id, new, old, reason=reason, signals=snapshot)
+            self.recorder.phases(cell_id, new, self.actuator.move(cell_id, old, new, reason))
             self.pending[cell_id] = (new, s.at_s)
         if moves:
-            self.sink.flush()
+            self.recorder.flush()
         if self.metrics is not None:
             self.metrics.observe(s)
             self.metrics.decision_seconds.observe(seconds)

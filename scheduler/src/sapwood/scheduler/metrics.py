@@ -6,7 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from sapwood.scheduler.signals import ROLES, Signals
+from sapwood.platform.events.cells import CELL_ROLES
+from sapwood.scheduler.signals import Signals
 
 
 class SchedulerMetrics:
@@ -31,7 +32,7 @@ class SchedulerMetrics:
         self.cells = gauge("cells", "Cells by role (lost cells counted apart)", ("role",))
         self.cells_lost = gauge("cells_lost", "Cells whose heartbeat is older than the timeout")
         self.switch_cost = gauge("switch_cost_mean_seconds", "Rolling mean of measured switch durations")
-        self.moves = Counter("sapwood_scheduler_moves", "Role changes decided", ["to_role"], registry=r)
+        self.moves = Counter("sapwood_scheduler_moves", "CellRole changes decided", ["to_role"], registry=r)
         self.decision_seconds = Histogram(
             "sapwood_scheduler_decision_seconds", "Signals read + policy per tick",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=r,
@@ -49,7 +50,7 @@ class SchedulerMetrics:
         self.rollout_tps.set(s.rollout_tokens_per_s)
         self.learner_tps.set(s.learner_tokens_per_s)
         self.staleness.set(s.staleness_max)
-        for role in ROLES:
+        for role in CELL_ROLES:
             self.cells.labels(role).set(sum(1 for c in s.cells if c.role == role and not c.lost))
         self.cells_lost.set(sum(1 for c in s.cells if c.lost))
         self.switch_cost.set(s.switch_cost_mean_s)

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from sapwood.scheduler.signals import ROLES, Role, Signals
+from sapwood.platform.events.cells import CELL_ROLES, CellRole
+from sapwood.scheduler.signals import Signals
 
-Assignment = Mapping[str, Role]
+Assignment = Mapping[str, CellRole]
 
 BUILTIN = {
     "elastic": "sapwood.scheduler.policies.elastic:ElasticPolicy",
@@ -28,10 +29,10 @@ BUILTIN = {
 class Decision:
     """The target role of every cell, and for each cell whose role changes, why."""
 
-    target: dict[str, Role]
+    target: dict[str, CellRole]
     reasons: dict[str, str] = field(default_factory=dict)
 
-    def moves(self, assignment: Assignment) -> dict[str, tuple[Role, Role]]:
+    def moves(self, assignment: Assignment) -> dict[str, tuple[CellRole, CellRole]]:
         """``{cell_id: (from, to)}`` for the cells whose role changes."""
         return {c: (assignment.get(c, "idle"), r) for c, r in self.target.items() if assignment.get(c, "idle") != r}
 
@@ -42,7 +43,7 @@ class Policy(Protocol):
 
     name: str
 
-    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, Role]:
+    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, CellRole]:
         """The roles cells start in (before any signal)."""
         ...
 
@@ -59,9 +60,9 @@ def check_decision(decision: Decision, signals: Signals) -> Decision:
             f"policy decision must assign exactly the known cells; missing {sorted(ids - set(decision.target))}, "
             f"unknown {sorted(set(decision.target) - ids)}"
         )
-    bad = {c: r for c, r in decision.target.items() if r not in ROLES}
+    bad = {c: r for c, r in decision.target.items() if r not in CELL_ROLES}
     if bad:
-        raise ValueError(f"policy decision has unknown roles {bad}; expected one of {ROLES}")
+        raise ValueError(f"policy decision has unknown roles {bad}; expected one of {CELL_ROLES}")
     return decision
 
 

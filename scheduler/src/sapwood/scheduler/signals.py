@@ -10,12 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Literal
 
-Role = Literal["rollout", "train", "idle"]
-Tier = Literal["core", "satellite"]
-ROLES: tuple[Role, ...] = ("rollout", "train", "idle")
-TIERS: tuple[Tier, ...] = ("core", "satellite")
+from sapwood.platform.events.cells import CellRole, CellTier
 
 
 @dataclass(frozen=True)
@@ -28,9 +24,9 @@ class CellState:
     """
 
     cell_id: str
-    tier: Tier = "core"
+    tier: CellTier = "core"
     capacity: int = 1
-    role: Role = "idle"
+    role: CellRole = "idle"
     role_since_s: float = 0.0
     last_heartbeat_s: float = 0.0
     lost: bool = False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from pydantic import Field
@@ -11,6 +11,7 @@ from sapwood.api.deps import CursorQuery, LimitDep, ReadKey, Seconds, ServicesDe
 from sapwood.api.queries import scheduler as q
 from sapwood.api.routes import AUTH_ERRORS
 from sapwood.api.schemas import NO_NUL, _Out
+from sapwood.platform.events import CellRole
 
 router = APIRouter(tags=["scheduler"], responses=AUTH_ERRORS)
 
@@ -67,7 +68,7 @@ def list_cells(services: ServicesDep, _key: ReadKey, limit: LimitDep, cursor: Cu
 def list_decisions(
     services: ServicesDep, _key: ReadKey, limit: LimitDep, cursor: CursorQuery = None,
     cell_id: Annotated[str | None, Query(min_length=1, max_length=128, pattern=NO_NUL)] = None,
-    role: Literal["rollout", "train", "idle"] | None = None,
+    role: CellRole | None = None,
     after: Seconds = None, before: Seconds = None,
 ) -> dict[str, Any]:
     """Role decisions oldest first, each with its reason and signal snapshot; filter by cell, role, [after, before)."""

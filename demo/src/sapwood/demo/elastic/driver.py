@@ -220,10 +220,10 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
                 rollout_p50_s=float(np.median(durations)) if durations else 0.0,
                 rollout_completions_per_s=done_rate, policy_version=training["steps"],
                 switch_cost_mean_s=float(np.mean(costs[-8:])) if costs else 0.0,
-                cells=tuple(CellState(cell_id=c, tier=rt.specs[c].tier, capacity=cfg.capacity, role=rt.roles[c],  # type: ignore[arg-type]
+                cells=tuple(CellState(cell_id=c, tier=rt.specs[c].tier, capacity=cfg.capacity, role=rt.roles[c],
                                       role_since_s=role_since[c]) for c in ids))
-            decision = policy.decide(signals, dict(rt.roles))  # type: ignore[arg-type]
-            for cid, (_, new) in sorted(decision.moves(dict(rt.roles)).items()):  # type: ignore[arg-type]
+            decision = policy.decide(signals, dict(rt.roles))
+            for cid, (_, new) in sorted(decision.moves(dict(rt.roles)).items()):
                 if new == "train" and active:
                     continue  # a cell joins training at the next step (the step's cells are fixed when it starts)
                 rt.assign(cid, new, reason=decision.reasons.get(cid, ""), signals={"at_s": now, "backlog": backlog})
@@ -257,8 +257,7 @@ def _switch_json(rep: Any) -> dict[str, Any]:
 def store_check(rt: ElasticRuntime, outcomes: list[ExecutionOutcome]) -> dict[str, int]:
     """Calls lost / duplicated (completed calls the executions saw vs. calls the store holds, per execution),
     environments reset beyond their start, executions missing from the store or not finished."""
-    rows = rt.query("SELECT execution_id, status, n_calls FROM executions")
-    by_id = {str(uuid.UUID(str(e))): (str(s), int(n)) for e, s, n in rows}
+    by_id = {eid: (ex.status, ex.n_calls) for eid, ex in rt.executions().items()}
     lost = dup = missing = unfinished = 0
     for o in outcomes:
         got = by_id.get(o.execution_id)

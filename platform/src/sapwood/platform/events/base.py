@@ -35,6 +35,7 @@ __all__ = [
     "SUPPORTED_SCHEMA_VERSIONS",
     "CallKind",
     "Event",
+    "ExecutionStatus",
     "FinishStatus",
     "UnscopedEvent",
     "derive_node_id",
@@ -46,8 +47,11 @@ SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
 
 CallKind = Literal["action", "summary"]
 FinishStatus = Literal["success", "timeout", "error"]
+"""How an execution ended (``execution_finished.status``); the one list of finish statuses."""
+ExecutionStatus = Literal["running", FinishStatus]
+"""An execution's status: running until its ``execution_finished``, then its finish status."""
 CALL_KINDS = ("action", "summary")
-FINISH_STATUSES = ("success", "timeout", "error")
+FINISH_STATUSES: tuple[FinishStatus, ...] = ("success", "timeout", "error")
 
 
 def new_event_id() -> str:

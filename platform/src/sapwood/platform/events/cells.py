@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.events.base import UnscopedEvent
 
-__all__ = ["CELL_ROLES", "CELL_TIERS", "CellHeartbeat", "CellRegistered", "RoleAssigned", "SwitchPhase"]
+__all__ = ["CELL_ROLES", "CELL_TIERS", "CellHeartbeat", "CellRegistered", "CellRole", "CellTier", "RoleAssigned",
+           "SwitchPhase"]
 
-CELL_TIERS = ("core", "satellite")
-CELL_ROLES = ("rollout", "train", "idle")
+CellRole = Literal["rollout", "train", "idle"]
+"""What a cell does now (a cell's role; a node's role is :class:`sapwood.platform.tree.Role`)."""
+CellTier = Literal["core", "satellite"]
+"""A core cell holds authoritative learner state; a satellite joins and leaves."""
+CELL_ROLES: tuple[CellRole, ...] = ("rollout", "train", "idle")
+CELL_TIERS: tuple[CellTier, ...] = ("core", "satellite")
 
 
 @dataclass(eq=False, kw_only=True)
@@ -42,7 +47,7 @@ class CellRegistered(_CellEvent):
 
     kind: ClassVar[str] = "cell_registered"
 
-    tier: str = "core"
+    tier: CellTier = "core"
     capacity: int = 1
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -68,8 +73,8 @@ class RoleAssigned(_CellEvent):
 
     kind: ClassVar[str] = "role_assigned"
 
-    role: str
-    previous_role: str = "idle"
+    role: CellRole
+    previous_role: CellRole = "idle"
     reason: str = ""
     policy: str = ""
     signals: dict[str, Any] = field(default_factory=dict)
@@ -88,7 +93,7 @@ class SwitchPhase(_CellEvent):
 
     phase: str
     duration_s: float
-    role: str = "idle"
+    role: CellRole = "idle"
 
     def _validate_cell(self) -> None:
         if not isinstance(self.phase, str) or not 0 < len(self.phase) <= 64:

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
+from sapwood.platform.events.base import FINISH_STATUSES
 from sapwood.platform.storage.dialects import dialect_name, for_dialect
 
 if TYPE_CHECKING:
     from sapwood.platform.runs import ExecutionFilter
 
 #: Execution statuses a run queues (a running execution is not trainable yet).
-FINISHED = ("success", "timeout", "error")
+FINISHED = FINISH_STATUSES
 RunKind = Literal["live", "replay"]
 
 

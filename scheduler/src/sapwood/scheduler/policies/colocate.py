@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sapwood.platform.events.cells import CellRole
 from sapwood.scheduler.policies.common import all_to
 from sapwood.scheduler.policy import Assignment, Decision
-from sapwood.scheduler.signals import Role, Signals
+from sapwood.scheduler.signals import Signals
 
 
 class ColocatePolicy:
@@ -18,7 +19,7 @@ class ColocatePolicy:
     name = "colocate"
     max_staleness = 0
 
-    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, Role]:
+    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, CellRole]:
         return dict.fromkeys(cell_ids, "rollout")
 
     def decide(self, signals: Signals, assignment: Assignment) -> Decision:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from sapwood.platform.events.cells import CellRole
 from sapwood.scheduler.policy import Assignment, Decision
-from sapwood.scheduler.signals import Role, Signals
+from sapwood.scheduler.signals import Signals
 
 
-def start_decision(signals: Signals, assignment: Assignment) -> tuple[dict[str, Role], dict[str, str], list[str]]:
+def start_decision(signals: Signals, assignment: Assignment) -> tuple[dict[str, CellRole], dict[str, str], list[str]]:
     """Copy the assignment, send lost cells to idle, and return the cells a policy may move.
 
     Returns ``(target, reasons, movable)``; ``movable`` excludes lost and switching cells.
     """
-    target: dict[str, Role] = {}
+    target: dict[str, CellRole] = {}
     reasons: dict[str, str] = {}
     movable: list[str] = []
     for cell in signals.cells:
@@ -28,7 +29,7 @@ def start_decision(signals: Signals, assignment: Assignment) -> tuple[dict[str, 
     return target, reasons, movable
 
 
-def all_to(role: Role, signals: Signals, assignment: Assignment, reason: str) -> Decision:
+def all_to(role: CellRole, signals: Signals, assignment: Assignment, reason: str) -> Decision:
     """Every movable cell to ``role``."""
     target, reasons, movable = start_decision(signals, assignment)
     for cid in movable:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from sapwood.platform.events.cells import CellRole
 from sapwood.scheduler.policies.common import start_decision
 from sapwood.scheduler.policy import Assignment, Decision
-from sapwood.scheduler.signals import CellState, Role, Signals
+from sapwood.scheduler.signals import CellState, Signals
 
 
 class ElasticPolicy:
@@ -67,7 +68,7 @@ class ElasticPolicy:
         #: the admission bound the simulator enforces (defaults to the policy's staleness bound)
         self.max_staleness = staleness_bound if max_staleness is None else max_staleness
 
-    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, Role]:
+    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, CellRole]:
         return dict.fromkeys(cell_ids, "rollout")
 
     # ---- estimates (all from observable signals) -------------------------------------------------
@@ -114,13 +115,13 @@ class ElasticPolicy:
         cells = {c.cell_id: c for c in s.cells}
         live = [c for c in s.cells if not c.lost]
 
-        def count(role: Role) -> int:
+        def count(role: CellRole) -> int:
             return sum(1 for c in live if target[c.cell_id] == role)
 
         def capacity() -> int:
             return sum(c.capacity for c in live if target[c.cell_id] == "rollout")
 
-        def eligible(role: Role, prefer: str) -> list[CellState]:
+        def eligible(role: CellRole, prefer: str) -> list[CellState]:
             pool = [
                 cells[cid]
                 for cid in movable
@@ -136,7 +137,7 @@ class ElasticPolicy:
         cost = self.switch_cost(s)
         moves = 0
 
-        def move(cell: CellState, role: Role, why: str) -> None:
+        def move(cell: CellState, role: CellRole, why: str) -> None:
             nonlocal moves
             target[cell.cell_id] = role
             reasons[cell.cell_id] = why

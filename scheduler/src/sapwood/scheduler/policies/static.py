@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sapwood.platform.events.cells import CellRole
 from sapwood.scheduler.policies.common import start_decision
 from sapwood.scheduler.policy import Assignment, Decision
-from sapwood.scheduler.signals import Role, Signals
+from sapwood.scheduler.signals import Signals
 
 
 class AsyncPolicy:
@@ -29,7 +30,7 @@ class AsyncPolicy:
         self.rollout_fraction = rollout_fraction
         self.max_staleness = max_staleness
 
-    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, Role]:
+    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, CellRole]:
         n = len(cell_ids)
         if n < 2:
             raise ValueError(f"AsyncPolicy needs ≥ 2 cells (one per role), got {n}")

@@ -4,7 +4,7 @@
 runtime was started with ``actor_prefix`` (named, detached actors ``<prefix>-router`` and
 ``<prefix>-cell-<id>``) and moves those cells as the policy decides. The loop records the
 ``role_assigned`` event and the ``switch_phase`` events from the phases :meth:`RayActuator.move`
-returns, so the coordinator here records nothing itself.
+returns, so the coordinator here has no recorder.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from sapwood.platform.events import CellRole
 from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator
 
 __all__ = ["RayActuator"]
@@ -37,7 +38,7 @@ class RayActuator:
             raise ValueError(f"no elastic runtime with actor prefix {prefix!r} on this Ray cluster "
                              f"(expected a named actor {prefix}-router)") from None
         stats: Any = ray.get(router.stats.remote())
-        roles: dict[str, str] = dict(stats["roles"])
+        roles: dict[str, CellRole] = dict(stats["roles"])
         cells: dict[str, Any] = {cid: ray.get_actor(f"{prefix}-cell-{cid}") for cid in roles}
         tiers = {cid: str(st["tier"]) for cid, st in zip(cells, ray.get([c.status.remote() for c in cells.values()]),
                                                          strict=True)}
@@ -45,9 +46,9 @@ class RayActuator:
                                   grace_s=grace_s)
         return cls(coord)
 
-    def move(self, cell_id: str, from_role: str, to_role: str, reason: str) -> list[tuple[str, float]]:
+    def move(self, cell_id: str, from_role: CellRole, to_role: CellRole, reason: str) -> list[tuple[str, float]]:
         known = self.coordinator.roles.get(cell_id)
         if known is None:
             raise KeyError(f"cell {cell_id!r} is not a cell of this runtime; known: {sorted(self.coordinator.roles)}")
-        report = self.coordinator.switch(cell_id, to_role, record=False)
+        report = self.coordinator.switch(cell_id, to_role)
         return [(phase, float(seconds)) for phase, seconds in report.phases.items()]

@@ -1,4 +1,4 @@
-"""A cell: one Ray actor with a capacity and a role (rollout | train | idle).
+"""A cell: a capacity and a role (rollout | train | idle); one Ray actor per cell (:mod:`.cluster` makes it one).
 
 In the rollout role the cell serves engine calls with the local torch engine
 (:class:`~sapwood.rollout.torch_engine.LocalTorchEngine`: the learner's ``TinyActorCritic`` on CPU), at
@@ -21,8 +21,8 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-import ray
 
+from sapwood.platform.events import CELL_ROLES
 from sapwood.rollout.engines import SamplingParams, load_model_state
 from sapwood.rollout.torch_engine import LocalTorchEngine, sampling_logprobs
 
@@ -55,9 +55,8 @@ class _Call:
         self.generated = 0
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
 class Cell:
-    """A cell actor; ``model_config`` is a ``TinyTransformerConfig`` and ``state`` its ``state_dict``."""
+    """A cell; ``model_config`` is a ``TinyTransformerConfig`` and ``state`` its ``state_dict``."""
 
     def __init__(self, cell_id: str, model_config: Any, state: dict[str, Any], *, version: int = 0,
                  capacity: int = 1, tier: str = "core", role: str = "idle", seed: int = 0,
@@ -224,6 +223,8 @@ class Cell:
 
     def load_from_core(self, core: Any) -> tuple[int, float]:
         """Take the authoritative parameters from core cell ``core``; returns ``(version, seconds)``."""
+        import ray
+
         t0 = time.perf_counter()
         version, state = ray.get(core.params.remote())
         self.load_state(state, version)
@@ -236,8 +237,8 @@ class Cell:
             return self.engine.policy_version, state
 
     def set_role(self, role: str) -> None:
-        if role not in ("rollout", "train", "idle"):
-            raise ValueError(f"role must be rollout, train or idle, got {role!r}")
+        if role not in CELL_ROLES:
+            raise ValueError(f"role must be one of {CELL_ROLES}, got {role!r}")
         with self._lock:
             self.role = role
             self.draining = role != "rollout"

@@ -1,21 +1,34 @@
-"""Starting the elastic runtime: the store writer, the router, the cells and the switch coordinator."""
+"""Assembling the elastic runtime on Ray: the store writer, the router, the cells and the switch coordinator.
+
+:class:`~.cell.Cell`, :class:`~.router.Router` and :class:`~.store_writer.StoreWriter` are plain classes
+(unit-tested without Ray); this module alone makes them Ray actors, with ``ray.remote(...)``. Every
+decision and switch phase is recorded through one :class:`~sapwood.scheduler.decisions.DecisionRecorder`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import ray
 
-from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
+from sapwood.platform.events import CellHeartbeat, CellRegistered, CellRole, CellTier
+from sapwood.platform.storage.run_record import CallCounts, ExecutionRecord
+from sapwood.scheduler.decisions import DecisionRecorder
 from sapwood.scheduler.runtime.cell import Cell
 from sapwood.scheduler.runtime.router import Router
-from sapwood.scheduler.runtime.store_writer import StoreWriter
-from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator
+from sapwood.scheduler.runtime.store_writer import StoreWriter, StoreWriterSink
+from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator, SwitchReport
 
-__all__ = ["CellSpec", "ElasticRuntime", "init_ray"]
+__all__ = ["CellActor", "CellSpec", "ElasticRuntime", "RouterActor", "StoreWriterActor", "init_ray"]
+
+#: The actors: no CPU reserved (they share the cores with the executions), never restarted (a lost
+#: cell or writer is a fact the runtime reports, not something Ray hides).
+CellActor = ray.remote(num_cpus=0, max_restarts=0)(Cell)
+RouterActor = ray.remote(num_cpus=0, max_restarts=0)(Router)
+StoreWriterActor = ray.remote(num_cpus=0, max_restarts=0)(StoreWriter)
 
 
 def init_ray(address: str | None = None, *, num_cpus: int = 2) -> None:
@@ -34,8 +47,8 @@ class CellSpec:
 
     cell_id: str
     capacity: int = 2
-    role: str = "rollout"
-    tier: str = "core"
+    role: CellRole = "rollout"
+    tier: CellTier = "core"
 
 
 class ElasticRuntime:
@@ -49,42 +62,41 @@ class ElasticRuntime:
             raise ValueError(f"cell ids must be unique, got {[s.cell_id for s in specs]}")
         named = (lambda what: {"name": f"{actor_prefix}-{what}", "lifetime": "detached"}) if actor_prefix else (
             lambda what: {})
-        self.writer = StoreWriter.options(**named("store-writer")).remote(database_url)  # type: ignore[attr-defined]
-        self.router = Router.options(**named("router")).remote()  # type: ignore[attr-defined]
+        self.writer: Any = cast(Any, StoreWriterActor.options(**named("store-writer")).remote(database_url))
+        self.router: Any = cast(Any, RouterActor.options(**named("router")).remote())
         self.specs = {s.cell_id: s for s in specs}
         self.cells: dict[str, Any] = {}
-        self.roles: dict[str, str] = {}
+        self.roles: dict[str, CellRole] = {}
         self.policy_name = policy_name
         self.actor_prefix = actor_prefix
-        events: list[Any] = []
+        self.sink = StoreWriterSink(self.writer)
+        self.recorder = DecisionRecorder(self.sink, policy=policy_name)
         for i, s in enumerate(specs):
-            actor = Cell.options(max_concurrency=s.capacity + 8, **named(f"cell-{s.cell_id}"))  # type: ignore[attr-defined]
+            actor = CellActor.options(max_concurrency=s.capacity + 8, **named(f"cell-{s.cell_id}"))
             self.cells[s.cell_id] = actor.remote(s.cell_id, model_config, state, version=version, capacity=s.capacity,
                                                  tier=s.tier, role=s.role, seed=seed * 101 + i,
                                                  decode_delay_s=decode_delay_s)
             self.roles[s.cell_id] = s.role
-            events.append(CellRegistered(cell_id=s.cell_id, tier=s.tier, capacity=s.capacity,
-                                         metadata={"engine": "local-torch", "runtime": "ray"}))
-            events.append(RoleAssigned(cell_id=s.cell_id, role=s.role, previous_role="idle", reason="initial",
-                                       policy=policy_name))
+            self.sink.send(CellRegistered(cell_id=s.cell_id, tier=s.tier, capacity=s.capacity,
+                                          metadata={"engine": "local-torch", "runtime": "ray"}))
+            self.recorder.assignment(s.cell_id, s.role, "idle", reason="initial")
         ray.get([c.status.remote() for c in self.cells.values()])  # wait until every cell is up
         ray.get([self.router.add_cell.remote(s.cell_id, self.cells[s.cell_id], s.capacity, s.role) for s in specs])
-        ray.get(self.writer.apply.remote(events))
-        self.coordinator = SwitchCoordinator(self.cells, self.roles, self.router, self.writer,
+        self.recorder.flush()
+        self.coordinator = SwitchCoordinator(self.cells, self.roles, self.router, self.recorder,
                                              policy_source=policy_source, grace_s=grace_s,
                                              tiers={s.cell_id: s.tier for s in specs})
 
-    def assign(self, cell_id: str, role: str, *, reason: str = "", signals: dict[str, Any] | None = None) -> Any:
+    def assign(self, cell_id: str, role: CellRole, *, reason: str = "",
+               signals: dict[str, Any] | None = None) -> SwitchReport:
         """Record ``role_assigned`` and run the switch; returns the :class:`SwitchReport`."""
-        previous = self.roles[cell_id]
-        ray.get(self.writer.apply.remote([RoleAssigned(cell_id=cell_id, role=role, previous_role=previous,
-                                                       reason=reason, policy=self.policy_name,
-                                                       signals=signals or {})]))
+        self.recorder.assignment(cell_id, role, self.roles[cell_id], reason=reason, signals=signals)
+        self.recorder.flush()
         return self.coordinator.switch(cell_id, role)
 
     def heartbeat(self) -> list[dict[str, Any]]:
         """Ask every live cell for its status and record a ``cell_heartbeat`` for each that answers."""
-        out, events = [], []
+        out = []
         for cid, cell in self.cells.items():
             try:
                 st = ray.get(cell.status.remote(), timeout=5)
@@ -92,13 +104,30 @@ class ElasticRuntime:
                 continue
             out.append(st)
             figures = {k: st[k] for k in ("in_flight", "served", "aborted", "policy_version")}
-            events.append(CellHeartbeat(cell_id=cid, created_at=time.time(), status=figures))
-        if events:
-            ray.get(self.writer.apply.remote(events))
+            self.sink.send(CellHeartbeat(cell_id=cid, created_at=time.time(), status=figures))
+        self.sink.flush()
         return out
 
-    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        return list(ray.get(self.writer.query.remote(sql, params)))
+    # -- the record (typed reads through the store writer, after what it has queued) ---------------
+    def executions(self) -> dict[str, ExecutionRecord]:
+        """Every stored execution by id."""
+        return dict(ray.get(self.writer.executions.remote()))
+
+    def call_counts(self) -> dict[str, CallCounts]:
+        """Stored model calls per execution id."""
+        return dict(ray.get(self.writer.call_counts.remote()))
+
+    def switch_phases(self, cell_id: str) -> set[str]:
+        """Names of the switch phases recorded for ``cell_id``."""
+        return set(ray.get(self.writer.switch_phases.remote(cell_id)))
+
+    def cell_roles(self) -> dict[str, str]:
+        """cell id → role in the ``cells`` projection."""
+        return dict(ray.get(self.writer.cell_roles.remote()))
+
+    def decisions(self, cell_id: str, role: str | None = None) -> list[dict[str, Any]]:
+        """Recorded role decisions of ``cell_id`` (to ``role`` only, when given), oldest first."""
+        return list(ray.get(self.writer.decisions.remote(cell_id, role)))
 
     def shutdown(self) -> None:
         with contextlib.suppress(ray.exceptions.RayActorError):

@@ -16,15 +16,14 @@ import time
 import uuid
 from typing import Any
 
-import ray
 from ray.exceptions import RayActorError
 
 __all__ = ["Router"]
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
 class Router:
-    """Async actor; ``cells`` maps cell id to ``(handle, capacity, role)``."""
+    """Routes calls over cells (an async Ray actor, made one in :mod:`.cluster`); ``add_cell`` registers each
+    cell's actor handle, capacity and role."""
 
     def __init__(self, *, no_cell_timeout_s: float = 120.0) -> None:
         self.cells: dict[str, Any] = {}

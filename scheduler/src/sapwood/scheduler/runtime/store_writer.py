@@ -1,7 +1,8 @@
 """The one actor that writes the store, and the transport that executions and cells record through.
 
 An embedded run keeps its store in one SQLite file; many processes applying to it would fight over
-its single write lock, so every event goes to :class:`StoreWriter` (a Ray actor) which applies them
+its single write lock, so every event goes to :class:`StoreWriter` (one Ray actor, made one in
+:mod:`.cluster`) which applies them
 through the ordinary :class:`~sapwood.rollout.transports.InProcessTransport`. Ray runs the calls one
 caller makes to one actor in the order they were made, so each execution's events arrive in ``seq``
 order without waiting for an answer per event.
@@ -9,23 +10,31 @@ order without waiting for an answer per event.
 The writer also remembers the last ``seq`` it saw of every execution: when an execution's actor dies,
 :meth:`StoreWriter.finish_lost` records ``execution_finished(status="error", message=reason)`` after
 the last event that reached it, and drops anything of that execution that arrives later.
+
+Reads of the record go through typed methods (:meth:`StoreWriter.executions`, :meth:`StoreWriter.call_counts`,
+...) over :mod:`sapwood.platform.storage.run_record`, each after applying what is queued.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
+from sqlalchemy.engine import Connection
 
 from sapwood.platform.events import Event, ExecutionFinished, ExecutionStarted
+from sapwood.platform.storage import cells as cell_reads
+from sapwood.platform.storage import run_record
+from sapwood.platform.storage.run_record import CallCounts, ExecutionRecord
 from sapwood.platform.store import Store
 from sapwood.rollout.transports import InProcessTransport, Transport, TransportError
 
-__all__ = ["RayStoreTransport", "StoreWriter"]
+__all__ = ["RayStoreTransport", "StoreWriter", "StoreWriterSink"]
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
 class StoreWriter:
     """Applies events to the store at ``url`` (migrating it first); one instance per store."""
 
@@ -96,13 +105,37 @@ class StoreWriter:
     def stats(self) -> dict[str, int]:
         return {"applied": self.applied, "dropped_late": self.dropped_late, "rejected_pending": len(self._rejected)}
 
-    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """Rows of a read-only SQL query against the store (tests and the demo check the record)."""
-        import sqlalchemy as sa
+    # -- reads of the record (everything queued is applied first) ----------------------------------
+    def executions(self) -> dict[str, ExecutionRecord]:
+        """Every stored execution by id: status, message, call count, metadata."""
+        with self._reading() as conn:
+            return run_record.execution_records(conn)
 
+    def call_counts(self) -> dict[str, CallCounts]:
+        """Stored model calls per execution id (all, actions, distinct ``seq``)."""
+        with self._reading() as conn:
+            return run_record.call_counts(conn)
+
+    def switch_phases(self, cell_id: str) -> set[str]:
+        """Names of the switch phases recorded for ``cell_id``."""
+        with self._reading() as conn:
+            return run_record.switch_phase_names(conn, cell_id)
+
+    def cell_roles(self) -> dict[str, str]:
+        """cell id → role in the ``cells`` projection."""
+        with self._reading() as conn:
+            return run_record.cell_roles(conn)
+
+    def decisions(self, cell_id: str, role: str | None = None, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """The recorded role decisions of ``cell_id`` (to ``role`` only, when given), oldest first."""
+        with self._reading() as conn:
+            return cell_reads.decisions(conn, limit=limit, cell_id=cell_id, role=role)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Connection]:
         self._transport._apply_buffer()
         with self.store.transaction() as conn:
-            return [tuple(r) for r in conn.execute(sa.text(sql), params or {})]
+            yield conn
 
     def close(self) -> None:
         self._transport.close()
@@ -140,3 +173,20 @@ class RayStoreTransport(Transport):
 
     def close(self, timeout: float | None = None) -> None:
         self.flush(timeout)
+
+
+class StoreWriterSink:
+    """An event sink (:class:`~sapwood.scheduler.decisions.EventSink`) onto a :class:`StoreWriter` actor:
+    ``send`` queues here, ``flush`` hands the queue to the writer and waits until it took it."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self._queued: list[Event] = []
+
+    def send(self, event: Event) -> None:
+        self._queued.append(event)
+
+    def flush(self, timeout: float | None = None) -> None:
+        queued, self._queued = self._queued, []
+        if queued:
+            ray.get(self.writer.apply.remote(queued), timeout=timeout)

@@ -1,6 +1,7 @@
 """The switch protocol: move one cell to a new role without losing or duplicating a call.
 
-Phases (each recorded as a ``switch_phase`` event with its duration, through the store writer):
+Phases (each recorded as a ``switch_phase`` event with its duration by the
+:class:`~sapwood.scheduler.decisions.DecisionRecorder` the coordinator was given):
 
 1. ``drain`` — the router sends the cell no new call and the cell admits none.
 2. ``grace`` — calls in flight get up to ``grace_s`` to finish where they are.
@@ -24,7 +25,8 @@ from typing import Any, Protocol
 
 import ray
 
-from sapwood.platform.events import SwitchPhase
+from sapwood.platform.events import CELL_ROLES, CellRole
+from sapwood.scheduler.decisions import DecisionRecorder
 
 __all__ = ["KVHandoff", "RecomputeHandoff", "SwitchCoordinator", "SwitchReport"]
 
@@ -57,8 +59,8 @@ class SwitchReport:
     """One switch: the roles, each phase's seconds, and the calls it moved."""
 
     cell_id: str
-    from_role: str
-    to_role: str
+    from_role: CellRole
+    to_role: CellRole
     phases: dict[str, float] = field(default_factory=dict)
     aborted_calls: int = 0
     finished_in_grace: bool = True
@@ -77,18 +79,19 @@ class SwitchCoordinator:
         cells: cell id → actor handle.
         roles: cell id → current role (kept up to date by :meth:`switch`).
         router: the :class:`~sapwood.scheduler.runtime.router.Router` actor.
-        writer: the :class:`~sapwood.scheduler.runtime.store_writer.StoreWriter` actor (events).
+        recorder: records each switch's phases (None: the caller records them, as the live loop does).
         policy_source: newest published ``(version, checkpoint)`` for cells entering rollout.
         core_cell: id of the core cell whose parameters a cell entering train loads (None: the first
             core cell other than the switching one that is training).
         tiers: cell id → ``core`` | ``satellite``.
     """
 
-    def __init__(self, cells: dict[str, Any], roles: dict[str, str], router: Any, writer: Any, *,
+    def __init__(self, cells: dict[str, Any], roles: dict[str, CellRole], router: Any,
+                 recorder: DecisionRecorder | None, *,
                  policy_source: PolicySource | None = None, tiers: dict[str, str] | None = None,
                  handoff: KVHandoff | None = None, grace_s: float = 0.5, reroute_timeout_s: float = 30.0,
                  core_cell: str | None = None) -> None:
-        self.cells, self.roles, self.router, self.writer = cells, roles, router, writer
+        self.cells, self.roles, self.router, self.recorder = cells, roles, router, recorder
         self.policy_source = policy_source
         self.tiers = tiers or dict.fromkeys(cells, "core")
         self.handoff: KVHandoff = handoff or RecomputeHandoff()
@@ -104,13 +107,12 @@ class SwitchCoordinator:
                 return cid
         return None
 
-    def switch(self, cell_id: str, to_role: str, *, record: bool = True) -> SwitchReport:
-        """Move ``cell_id`` to ``to_role``; returns what each phase took. ``record`` sends each phase as a
-        ``switch_phase`` event to the store writer (the live loop records the phases itself: False)."""
+    def switch(self, cell_id: str, to_role: CellRole) -> SwitchReport:
+        """Move ``cell_id`` to ``to_role``; returns what each phase took (recorded when there is a recorder)."""
         if cell_id not in self.cells:
             raise KeyError(f"unknown cell {cell_id!r}; known: {sorted(self.cells)}")
-        if to_role not in ("rollout", "train", "idle"):
-            raise ValueError(f"role must be rollout, train or idle, got {to_role!r}")
+        if to_role not in CELL_ROLES:
+            raise ValueError(f"role must be one of {CELL_ROLES}, got {to_role!r}")
         cell = self.cells[cell_id]
         rep = SwitchReport(cell_id, self.roles.get(cell_id, "idle"), to_role, started_at=time.time())
         if rep.from_role == "rollout" and to_role != "rollout":
@@ -130,8 +132,9 @@ class SwitchCoordinator:
         ray.get(cell.set_role.remote(to_role))
         ray.get(self.router.set_role.remote(cell_id, to_role))
         self.roles[cell_id] = to_role
-        if record:
-            self._record(rep)
+        if self.recorder is not None:
+            self.recorder.phases(rep.cell_id, rep.to_role, rep.phases.items())
+            self.recorder.flush()
         self.reports.append(rep)
         return rep
 
@@ -161,9 +164,3 @@ class SwitchCoordinator:
             raise RuntimeError(f"switch of {cell_id}: {len(keys)} aborted calls were not re-admitted within "
                                f"{self.reroute_timeout_s} s (no other rollout cell with a free slot?)")
         ray.get(cell.wait_idle.remote(self.reroute_timeout_s))
-
-    def _record(self, rep: SwitchReport) -> None:
-        events = [SwitchPhase(cell_id=rep.cell_id, phase=name, duration_s=float(max(secs, 0.0)), role=rep.to_role)
-                  for name, secs in rep.phases.items()]
-        if events:
-            ray.get(self.writer.apply.remote(events))

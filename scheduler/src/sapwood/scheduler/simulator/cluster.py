@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sapwood.platform.events.cells import CellRole
 from sapwood.scheduler.policy import Decision, Policy, check_decision, load_policy
-from sapwood.scheduler.signals import CellState, Role, Signals
+from sapwood.scheduler.signals import CellState, Signals
 from sapwood.scheduler.simulator.results import Move, SimResult, Switch
 from sapwood.scheduler.simulator.workload import Workload
 
@@ -36,7 +37,7 @@ Proc = Generator[simpy.Event, Any, None]
 class _Cell:
     cell_id: str
     tier: str
-    role: Role
+    role: CellRole
     role_since_s: float = 0.0
     switching: bool = False
 
@@ -90,7 +91,7 @@ class ClusterSim:
         self.timeline: list[tuple[float, int, int, int, int]] = []
 
     # ---- bookkeeping -----------------------------------------------------------------------------
-    def active(self, role: Role) -> int:
+    def active(self, role: CellRole) -> int:
         return sum(1 for c in self.cells if c.role == role and not c.switching)
 
     def _account(self) -> None:
@@ -232,7 +233,7 @@ class ClusterSim:
             switch_cost_mean_s=switch_mean,
         )
 
-    def _switch(self, cell: _Cell, to: Role) -> Proc:
+    def _switch(self, cell: _Cell, to: CellRole) -> Proc:
         self._account()
         old, cell.role, cell.switching = cell.role, to, True
         start = self.env.now

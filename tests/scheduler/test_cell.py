@@ -1,0 +1,126 @@
+"""The cell's logic as a plain object (no Ray): serving, refusing, draining, aborting, loading weights."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sapwood.rollout.engines import SamplingParams
+from sapwood.scheduler.runtime.cell import Cell, input_digest, params_from_dict
+from support.elastic_runtime import initial_state, model_config
+
+PARAMS = SamplingParams(max_new_tokens=6).to_dict()
+IDS = [1, 2, 3, 4]
+
+
+def make_cell(**kw: Any) -> Cell:
+    kw.setdefault("role", "rollout")
+    kw.setdefault("capacity", 1)
+    return Cell("c0", model_config(), initial_state(), **kw)
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+class InThread:
+    """A call served on a thread (as Ray serves concurrent calls on a threaded actor)."""
+
+    def __init__(self, cell: Cell, key: str, params: dict[str, Any] = PARAMS) -> None:
+        self.result: dict[str, Any] = {}
+        self.thread = threading.Thread(target=lambda: self.result.update(cell.generate(key, IDS, params)))
+        self.thread.start()
+
+    def join(self) -> dict[str, Any]:
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the call did not answer"
+        return self.result
+
+
+def test_a_rollout_cell_serves_a_call_and_echoes_the_input_digest() -> None:
+    cell = make_cell()
+    res = cell.generate("k", IDS, PARAMS)
+    assert res["status"] == "ok"
+    assert 1 <= len(res["output_ids"]) <= 6
+    assert len(res["logprobs"]) == len(res["output_ids"])
+    assert (res["logprobs"] <= 0).all()
+    assert res["input_digest"] == input_digest(IDS)
+    assert res["policy_version"] == 0
+    assert cell.status()["served"] == 1
+    assert cell.status()["in_flight"] == 0
+
+
+def test_a_cell_that_is_not_in_rollout_refuses_calls() -> None:
+    cell = make_cell(role="train")
+    res = cell.generate("k", IDS, PARAMS)
+    assert res["status"] == "refused"
+    assert "is train and draining" in res["reason"]
+
+
+def test_a_full_cell_refuses_and_a_drained_one_admits_nothing_new() -> None:
+    cell = make_cell(decode_delay_s=0.05)
+    first = InThread(cell, "a", SamplingParams(max_new_tokens=4).to_dict())
+    wait_for(lambda: cell.status()["in_flight"] == 1, "the first call in flight")
+    assert cell.generate("b", IDS, PARAMS)["status"] == "refused"
+    assert cell.drain() == 1
+    assert first.join()["status"] == "ok", "a drained cell finishes the calls it admitted"
+    assert cell.wait_idle(0.0)
+    refused = cell.generate("c", IDS, PARAMS)
+    assert refused["status"] == "refused"
+    assert "draining" in refused["reason"]
+
+
+def test_abort_discards_the_partial_output_and_answers_after_release() -> None:
+    cell = make_cell(decode_delay_s=0.2)
+    call = InThread(cell, "k", SamplingParams(max_new_tokens=50).to_dict())
+    wait_for(lambda: cell.status()["in_flight"] == 1, "the call in flight")
+    cell.drain()
+    assert not cell.wait_idle(0.01), "the call is still running after a short grace"
+    assert cell.abort_inflight() == [("k", IDS)]
+    call.thread.join(0.3)
+    assert call.thread.is_alive(), "an aborted call waits for release_aborted (the KV handoff runs first)"
+    cell.release_aborted()
+    res = call.join()
+    assert res["status"] == "aborted"
+    assert "partial output discarded" in res["reason"]
+    assert "output_ids" not in res
+    assert cell.status()["aborted"] == 1
+    assert cell.status()["served"] == 0
+
+
+def test_prefill_is_used_by_the_reissued_call_and_loads_clear_it() -> None:
+    cell = make_cell()
+    assert cell.prefill(IDS) >= 0
+    assert cell.generate("k", IDS, PARAMS)["status"] == "ok"
+    assert cell.status()["prefix_hits"] == 1
+    cell.prefill(IDS)
+    cell.load_state(initial_state(seed=1), version=3)
+    res = cell.generate("k2", IDS, PARAMS)
+    assert res["policy_version"] == 3
+    assert cell.status()["prefix_hits"] == 1, "a prefix computed on old weights is not reused"
+    version, state = cell.params()
+    assert version == 3
+    assert set(state) == set(initial_state())
+
+
+def test_roles_and_capacity_are_checked() -> None:
+    cell = make_cell()
+    with pytest.raises(ValueError, match="role must be one of"):
+        cell.set_role("training")
+    cell.set_role("idle")
+    assert cell.status()["role"] == "idle"
+    assert cell.status()["draining"]
+    with pytest.raises(ValueError, match="capacity must be ≥ 1"):
+        make_cell(capacity=0)
+
+
+def test_params_travel_as_dicts() -> None:
+    sp = SamplingParams(temperature=0.5, max_new_tokens=3, stop_token_ids=(7,))
+    assert params_from_dict(sp.to_dict()) == sp
