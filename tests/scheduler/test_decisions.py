@@ -41,5 +41,5 @@ def test_an_assignment_and_its_phases_become_events_in_order() -> None:
 def test_an_unknown_role_fails_validation() -> None:
     sink = ListSink()
     event = DecisionRecorder(sink).assignment("c0", "training", "idle")  # type: ignore[arg-type]
-    with pytest.raises(ValidationError, match="role_assigned.role must be one of"):
+    with pytest.raises(ValidationError, match=r"role_assigned\.role must be one of"):
         event.validate()
