@@ -146,7 +146,8 @@ class TreeBatch:
         return value
 
     def logical_parent(self) -> Tensor:
-        """[T] int64 parent in the logical tree: ``segment_parent`` where set, else ``parent``."""
+        """[T] int64 parent in the logical tree: ``segment_parent`` where set, else ``parent`` — the
+        logical-parent rule of :func:`sapwood.platform.tree.logical_parent`, on token indices."""
         return self._cached(
             "logical_parent",
             lambda: torch.where(self.segment_parent >= 0, self.segment_parent, self.parent),
