@@ -15,7 +15,10 @@ Public surface (re-exported here):
 * ``backends``: ``create_backend(name, ...)`` for ``"torch"`` or ``"megatron"``
   (``megatron_backend.MegatronBackend`` on megatron-core ``GPTModel``; the ``megatron`` extra, imported lazily);
 * ``trainer``: ``SAOTrainer`` (warm-up, catch-up, joint DIS + value step);
-* ``config``: ``LearnerConfig`` and its parts; ``errors``: the exception tree.
+* ``config``: ``LearnerConfig`` and its parts, ``SourceConfig``, ``DEFAULT_JMAX`` and ``check_jmax``;
+  ``errors``: the exception tree;
+* ``claims``: ``BatchSource`` (claims of a run's executions under a lease) and ``assembly``: ``build_batch``
+  (Jmax-bounded tree batches from the store, in named steps); ``forest``: the pointer-doubling primitives.
 
 Importing ``sapwood.learner`` needs torch (the ``learner`` extra).
 """
