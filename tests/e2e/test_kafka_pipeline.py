@@ -84,11 +84,13 @@ def test_recorded_executions_materialize_with_exact_inputs(pg_url: str, kafka_bo
         recorder.close(60)
         assert not errors, errors
         wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 60, "ingest to catch up")
-        assert service.stats.dead_letters == 0 and service.stats.duplicates == 0
+        assert service.stats.dead_letters == 0
+        assert service.stats.duplicates == 0
     assert len(inputs) >= 6 * 14
     _check_store(store, inputs, statuses)
     stats = store.stats()
-    assert stats["fork_points"] == 6 and stats["compactions"] == 6
+    assert stats["fork_points"] == 6
+    assert stats["compactions"] == 6
     assert stats["executions"] == {"success": 4, "timeout": 2}
     assert stats["dedup_ratio"] > 1.5, "calls share their prefixes in the tree"
     check_exactly_once(store, ledger.acked, bootstrap=kafka_bootstrap, topic=topic, group=config.group)

@@ -43,12 +43,14 @@ def test_replay_history_into_a_fresh_run_and_train(pg_url: str, tmp_path) -> Non
         order = [client.get(f"/v1/runs/{r}/items", headers=keys.headers("read")).json() for r in ("replay-1",
                                                                                                 "replay-2")]
         ids = [[item["execution_id"] for item in page["items"]] for page in order]
-        assert ids[0] == ids[1] and sorted(ids[0]) == sorted(w.execution_id for w in history)
+        assert ids[0] == ids[1]
+        assert sorted(ids[0]) == sorted(w.execution_id for w in history)
 
         learner = _learner(store, "replay-1", "L1")
         learner.checkpoint_dir = tmp_path / "ckpt"
         history_metrics = learner.run(idle_timeout_s=0.5)
-        assert len(history_metrics) == 3 and learner.lost_claims == 0  # 5 executions, 2 per batch
+        assert len(history_metrics) == 3
+        assert learner.lost_claims == 0  # 5 executions, 2 per batch
         assert all(m["learner/lost_claims"] == 0 for m in history_metrics)
         # the trained batches carried the recorded rollout log-probs: DIS ratios are finite and measured
         assert all(m["policy/ratio_mean"] > 0 for m in history_metrics[1:])

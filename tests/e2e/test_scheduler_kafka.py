@@ -39,11 +39,13 @@ def test_decisions_through_kafka_and_ingest(pg_url: str, kafka_bootstrap: str) -
     loop = SchedulerLoop(reader.read, ElasticPolicy(min_dwell_s=0), transport)
     try:
         before = reader.read()
-        assert before.ingest_lag_total == 8 and before.cells == ()  # nothing ingested yet: all of it is lag
+        assert before.ingest_lag_total == 8
+        assert before.cells == ()  # nothing ingested yet: all of it is lag
         with running_ingest(config):
             wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 60, "cells ingested")
             first = loop.tick()
-            assert first.signals.ingest_lag_total == 0 and len(first.signals.cells) == 4
+            assert first.signals.ingest_lag_total == 0
+            assert len(first.signals.cells) == 4
             assert first.moves, first.decision.reasons
             second = loop.tick()  # whether or not ingest has applied the decisions yet, none is repeated
             assert not set(second.moves) & set(first.moves)

@@ -26,7 +26,8 @@ def test_ingest_killed_after_apply_before_the_offsets_restarts_exactly_once(
         for seed in range(6):
             for ev in synthetic_execution(SynthConfig(**{**SMALL.__dict__, "seed": 200 + seed})).events:
                 transport.send(ev)
-    assert ledger.acked and not ledger.failed
+    assert ledger.acked
+    assert not ledger.failed
     monkeypatch.setenv("SAPWOOD_FAULT", "ingest.after_apply@2")  # the first batch commits, the second dies
     crashed = IngestProcess(pg_url, kafka_bootstrap, topic, group, tmp_path / "crash.log", batch_size=20).start()
     assert crashed.proc is not None

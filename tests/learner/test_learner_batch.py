@@ -184,4 +184,5 @@ def test_random_batches_cover_every_feature() -> None:
 def test_to_device_copies() -> None:
     batch = small_batch()
     moved = batch.to("cpu")
-    assert torch.equal(moved.tokens, batch.tokens) and moved.execution_ids == batch.execution_ids
+    assert torch.equal(moved.tokens, batch.tokens)
+    assert moved.execution_ids == batch.execution_ids

@@ -24,7 +24,8 @@ from support.histories import small_execution
 def test_streamed_and_multi_frame_payloads_decode_exactly(declare_size: bool, frames: int) -> None:
     for ev in small_execution(5).events:
         got = decode_event(recompressed(ev, declare_size=declare_size, frames=frames))
-        assert got.event_id == ev.event_id and got.scalar_fields() == ev.scalar_fields()
+        assert got.event_id == ev.event_id
+        assert got.scalar_fields() == ev.scalar_fields()
         for name, arr in ev.array_fields().items():
             np.testing.assert_array_equal(got.array_fields()[name], arr)
 

@@ -54,7 +54,8 @@ def test_rows_survive_a_pause_for_a_query(pg_store: Store) -> None:
         for digest, arr in spans[3:]:
             stream.add(digest, arr)
         stream.close()
-        assert stream.rows == 5 and stream.copies == 2
+        assert stream.rows == 5
+        assert stream.copies == 2
         stored = load_spans(conn, [d for d, _ in spans])
     assert {d: np.frombuffer(stored[d], dtype=np.int32).tolist() for d, _ in spans} == {
         d: arr.tolist() for d, arr in spans}

@@ -62,7 +62,8 @@ def test_kafka_transport_delivers_every_event_keyed_by_execution(kafka_bootstrap
             transport.send(ev)
         transport.flush(30)
         assert transport.buffered_bytes == 0
-    assert len(ledger.acked) == len(events) and not ledger.failed
+    assert len(ledger.acked) == len(events)
+    assert not ledger.failed
     records = read_all(kafka_bootstrap, topic, len(events))
     assert len(records) == len(events)
     by_id = {e.event_id: e for e in events}
@@ -112,5 +113,7 @@ def test_broker_refusal_is_raised_as_delivery_error(kafka_bootstrap: str) -> Non
     ex.prompt(np.arange(1000, dtype=np.int32))  # ~4 KB: the topic refuses it
     with pytest.raises(DeliveryError, match="prompt") as info:
         transport.close(30)
-    assert len(info.value.failures) == 1 and len(ledger.failed) == 1 and len(ledger.acked) == 1
+    assert len(info.value.failures) == 1
+    assert len(ledger.failed) == 1
+    assert len(ledger.acked) == 1
     assert rec.broken(ex.execution_id) is None  # the recorder learns only when it flushes or sends again

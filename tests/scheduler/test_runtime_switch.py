@@ -61,7 +61,8 @@ def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None
         assert {"drain", "grace", "abort", "kv_handoff", "reroute", "weight_load"} <= set(report.phases)
         outcomes = bg.join()
         stats = ray.get(rt.router.stats.remote())
-        assert stats["aborted"] >= report.aborted_calls and stats["rerouted"] >= report.aborted_calls
+        assert stats["aborted"] >= report.aborted_calls
+        assert stats["rerouted"] >= report.aborted_calls
         in_store = store_calls(rt)
         assert len(outcomes) == 4
         for o in outcomes:
@@ -76,7 +77,8 @@ def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None
         assert sum(o.rerouted_calls for o in outcomes) == report.aborted_calls
         served = {o.execution_id: o.cells or {} for o in outcomes}
         after_switch = ray.get(rt.cells["c0"].status.remote())
-        assert after_switch["role"] == "train" and after_switch["in_flight"] == 0
+        assert after_switch["role"] == "train"
+        assert after_switch["in_flight"] == 0
         assert sum(c.get("c1", 0) for c in served.values()) > 0
         phases = {p for (p,) in rt.query("SELECT phase FROM switch_phases WHERE cell_id = 'c0'")}
         assert phases == set(report.phases)
@@ -95,7 +97,8 @@ def test_killed_cell_calls_are_reissued_and_no_execution_is_lost(tmp_path) -> No
         ray.kill(rt.cells["c0"])
         outcomes = bg.join()
         stats = ray.get(rt.router.stats.remote())
-        assert "c0" in stats["lost_cells"] and stats["cell_lost"] >= 1
+        assert "c0" in stats["lost_cells"]
+        assert stats["cell_lost"] >= 1
         assert [o.status in ("success", "timeout") for o in outcomes] == [True] * 3
         in_store = store_calls(rt)
         for o in outcomes:
@@ -124,11 +127,13 @@ def test_killed_execution_actor_ends_as_error_with_reason(tmp_path) -> None:  # 
         victim = victims[0]
         ray.kill(bg.actors[victim])
         outcomes = {o.execution_id: o for o in bg.join()}
-        assert outcomes[victim].status == "error" and "execution actor lost" in outcomes[victim].message
+        assert outcomes[victim].status == "error"
+        assert "execution actor lost" in outcomes[victim].message
         other = next(e for e in outcomes if e != victim)
         assert outcomes[other].status in ("success", "timeout")
         rows = executions(rt)
-        assert rows[victim][0] == "error" and "execution actor lost" in rows[victim][1]
+        assert rows[victim][0] == "error"
+        assert "execution actor lost" in rows[victim][1]
         assert rows[other][0] in ("success", "timeout")
     finally:
         rt.shutdown()
@@ -194,7 +199,9 @@ def test_store_writer_records_an_execution_lost_before_it_started(tmp_path) -> N
         assert ray.get(writer.finish_lost.remote(eid, "actor lost before its first event", run_id="r", task_id="t"))
         assert not ray.get(writer.finish_lost.remote(eid, "again", run_id="r", task_id="t"))  # finished already
         rows = ray.get(writer.query.remote("SELECT status, message, metadata FROM executions"))
-        assert len(rows) == 1 and rows[0][0] == "error" and rows[0][1] == "actor lost before its first event"
+        assert len(rows) == 1
+        assert rows[0][0] == "error"
+        assert rows[0][1] == "actor lost before its first event"
         assert "lost_before_start" in str(rows[0][2])
     finally:
         ray.kill(writer)

@@ -38,10 +38,13 @@ def test_unknown_event_type_is_refused_with_a_clear_error() -> None:
     with pytest.raises(ValidationError) as info:
         handler_for(Mystery)
     message = str(info.value)
-    assert "no handler for event type" in message and "Mystery" in message and "'mystery'" in message
+    assert "no handler for event type" in message
+    assert "Mystery" in message
+    assert "'mystery'" in message
     for kind in EVENT_TYPES:  # it says what was expected
         assert kind in message
-    assert "mystery," not in message and "event," not in message
+    assert "mystery," not in message
+    assert "event," not in message
 
 
 def test_a_subclass_of_a_known_event_uses_its_handler() -> None:
