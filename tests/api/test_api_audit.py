@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from api.api_helpers import Keys, TestClient, calls_of, make_client, recorded_input
 from sapwood.api import ApiSettings, create_app
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ValidationError
@@ -16,6 +15,7 @@ from sapwood.platform.events import ModelCall
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, calls_of, make_client, recorded_input
 
 
 def audit(client: TestClient, keys: Keys, call_id: str, **params: Any) -> dict[str, Any]:
@@ -138,7 +138,7 @@ def test_decoded_text_with_the_char_tokenizer(pg_store: Store, keys: Keys, write
         node = client.get(f"/v1/nodes/{call.output_node_id}", headers=keys.headers("read")).json()
     assert a["input"]["text"] == "".join(map(chr, a["input"]["token_ids"]))
     assert a["output"]["text"] == "".join(map(chr, call.output_ids.tolist())) == node["text"]
-    with make_client(pg_store, tokenizer="api.api_helpers:hex_tokenizer") as client:
+    with make_client(pg_store, tokenizer="tests.support.api_client:hex_tokenizer") as client:
         a = audit(client, keys, call.event_id)
     assert a["output"]["text"] == " ".join(f"{i:x}" for i in call.output_ids.tolist())
 

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import typer
 from typer.testing import CliRunner
 
-from api.api_helpers import calls_of, load_executions, make_client, make_keys, recorded_input
 from sapwood.api.cli import register
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
+from tests.support.api_client import calls_of, load_executions, make_client, make_keys, recorded_input
 
 
 def test_sqlite_store_serves_every_kind_of_request(tmp_path: Path) -> None:

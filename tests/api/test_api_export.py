@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from api.api_helpers import Keys, TestClient, calls_of, latest_score, logical_trajectory
 from sapwood.api.queries.export import NODE_SCHEMA, TRAJECTORY_SCHEMA, ParquetExport
 from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, calls_of, latest_score, logical_trajectory
 
 ROLE_CODES = {"prompt": 0, "observation": 1, "action": 2, "summary": 3}
 

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from api.api_helpers import Keys, TestClient, calls_of
 from sapwood.api.cache import Cached, ResponseCache
 from sapwood.api.routes import cached
 from sapwood.api.schemas import AuditOut, TrajectoryOut
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, calls_of
 
 
 def test_output_bin_is_the_recorded_output_and_logprobs(client: TestClient, keys: Keys,

@@ -21,12 +21,12 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from api.api_helpers import Keys, TestClient, load_executions, make_client, make_keys
-from api.live_server import sapwood_serve, serve_in_thread
 from sapwood.api import ApiSettings, auth, create_app
 from sapwood.api.cursors import MAC_BYTES
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
+from tests.support.api_client import Keys, TestClient, load_executions, make_client, make_keys
+from tests.support.live_server import sapwood_serve, serve_in_thread
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

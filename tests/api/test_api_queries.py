@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from api.api_helpers import Keys, TestClient, calls_of, latest_score, logical_trajectory, make_client
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, calls_of, latest_score, logical_trajectory, make_client
 
 ROLE_CODES = {"prompt": 0, "observation": 1, "action": 2, "summary": 3}
 
@@ -261,8 +261,8 @@ def test_trajectory_pages_rebuild_the_logical_trajectory(client: TestClient, key
 
 
 def test_trajectory_of_a_growing_execution(client: TestClient, keys: Keys, pg_store: Store) -> None:
-    from api.api_helpers import small_config
     from sapwood.platform.synthetic import synthetic_execution
+    from tests.support.api_client import small_config
 
     w = synthetic_execution(small_config(7))
     calls = calls_of(w)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.api_helpers import Keys, TestClient, load_executions
 from sapwood.platform import runs as platform_runs
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, load_executions
 
 
 def post(client: TestClient, keys: Keys, url: str, body: dict[str, Any], expect: int = 201) -> Any:
@@ -113,8 +113,8 @@ def test_score_revisions(client: TestClient, keys: Keys, writers: list[Execution
 
 def test_a_running_execution_cannot_be_scored_through_the_api(client: TestClient, keys: Keys,
                                                                pg_store: Store) -> None:
-    from api.api_helpers import small_config
     from sapwood.platform.synthetic import synthetic_execution
+    from tests.support.api_client import small_config
 
     w = synthetic_execution(small_config(3))
     pg_store.apply(w.events[:-1])  # not finished

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from api.api_helpers import Keys, TestClient, make_client, make_keys
 from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, make_client, make_keys
 
 # name -> (status, final reward, partial scores, per-leaf rewards for leaf 0, expected source of leaf 1)
 CASES: dict[str, tuple[str, float | None, list[float], float | None, str | None]] = {

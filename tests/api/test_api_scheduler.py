@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from api.api_helpers import Keys, TestClient
 from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
 from sapwood.platform.store import Store
+from tests.support.api_client import Keys, TestClient
 
 
 def load_cells(store: Store) -> float:

@@ -10,12 +10,12 @@ import pytest
 import sqlalchemy as sa
 from fastapi.routing import APIRoute
 
-from api.api_helpers import Keys, TestClient, make_client
 from sapwood.api import auth
 from sapwood.api.deps import RequireScope
 from sapwood.platform import schema as t
 from sapwood.platform.errors import StoreError
 from sapwood.platform.store import Store
+from tests.support.api_client import Keys, TestClient, make_client
 
 #: Routes that answer without a key. Everything else must refuse requests without the right scope.
 PUBLIC = {"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/ui", "/ui/features.json"}

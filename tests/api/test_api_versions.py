@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from api.api_helpers import Keys, TestClient, make_client
 from sapwood.api.deps import Services
 from sapwood.api.versions import LISTENER_NAME, VersionMap, VersionReader, parse_payload
 from sapwood.platform.events import PartialScore
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, make_client
 
 EID = "00000000-0000-4000-8000-000000000001"
 

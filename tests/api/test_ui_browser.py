@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
-from api.api_helpers import calls_of, load_executions
-from api.live_server import sapwood_serve, serve_in_thread
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.auth import create_key
 from sapwood.platform import runs
 from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import calls_of, load_executions
+from tests.support.live_server import sapwood_serve, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where screenshots go: ``SAPWOOD_UI_SCREENSHOTS=docs`` refreshes the README's; by default a temp dir.

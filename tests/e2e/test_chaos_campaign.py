@@ -49,7 +49,7 @@ def test_short_campaign_loses_and_duplicates_nothing(pg_url: str, kafka_bootstra
 
 def test_campaign_round_with_a_broker_restart(pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     """The broker fault: the test broker restarted while the producer writes and two ingest processes read."""
-    from support.services import ServicesUnavailable, load_state, restart_kafka
+    from tests.support.services import ServicesUnavailable, load_state, restart_kafka
 
     try:
         load_state()

@@ -168,7 +168,7 @@ def test_cli_ablation_prints_both_arms_and_a_verdict(tmp_path: Path) -> None:
 
 def test_demo_with_the_megatron_backend(tmp_path: Path) -> None:
     """The learner on megatron-core: its checkpoints are served by the workers, reward reported at both ends."""
-    from support.megatron_ranks import require_megatron
+    from tests.support.megatron_ranks import require_megatron
 
     require_megatron()
     from sapwood.platform.cli import app

@@ -14,7 +14,10 @@ import time
 from functools import partial
 from pathlib import Path
 
-from ingest.ingest_helpers import (
+from sapwood.platform.store import Store
+from sapwood.platform.synthetic import SynthConfig, synthetic_execution
+from sapwood.rollout import KafkaTransport
+from tests.support.kafka_ingest import (
     IngestProcess,
     Ledger,
     caught_up,
@@ -24,9 +27,6 @@ from ingest.ingest_helpers import (
     unique,
     wait_until,
 )
-from sapwood.platform.store import Store
-from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from sapwood.rollout import KafkaTransport
 
 SMALL = SynthConfig(calls=12, forks=1, fork_depth=2, segments=2, obs_min=5, obs_max=60, out_min=3, out_max=30,
                     system_tokens=30, task_tokens=10, summary_tokens=8, vocab_size=500)

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from ingest.ingest_helpers import (
+from sapwood.platform import schema as t
+from sapwood.platform.store import Store
+from sapwood.rollout import KafkaTransport, Recorder
+from tests.support.kafka_ingest import (
     Agent,
     Ledger,
     caught_up,
@@ -23,9 +26,6 @@ from ingest.ingest_helpers import (
     running_ingest,
     wait_until,
 )
-from sapwood.platform import schema as t
-from sapwood.platform.store import Store
-from sapwood.rollout import KafkaTransport, Recorder
 
 
 def _record_in_threads(recorder: Recorder, n_threads: int, per_thread: int, *, pause_s: float = 0.0,
@@ -97,7 +97,7 @@ def test_recorded_executions_materialize_with_exact_inputs(pg_url: str, kafka_bo
 
 
 def test_broker_restart_while_recording(pg_url: str, kafka_bootstrap: str) -> None:
-    from support.services import ServicesUnavailable, load_state, restart_kafka
+    from tests.support.services import ServicesUnavailable, load_state, restart_kafka
 
     try:
         load_state()

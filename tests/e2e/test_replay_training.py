@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from api.api_helpers import make_client, make_keys
 from sapwood.learner.config import CriticConfig, LearnerConfig
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
@@ -13,7 +12,8 @@ from sapwood.learner.source import SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from support.histories import SMALL
+from tests.support.api_client import make_client, make_keys
+from tests.support.histories import SMALL
 
 pytestmark = pytest.mark.postgres
 

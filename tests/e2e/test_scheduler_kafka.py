@@ -7,7 +7,6 @@ import time
 
 import sqlalchemy as sa
 
-from ingest.ingest_helpers import caught_up, create_topic, ingest_config, running_ingest, wait_until
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFinished
@@ -16,7 +15,8 @@ from sapwood.rollout import KafkaTransport
 from sapwood.scheduler.live import SchedulerLoop
 from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader
 from sapwood.scheduler.policies import ElasticPolicy
-from support.histories import small_execution
+from tests.support.histories import small_execution
+from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, running_ingest, wait_until
 
 
 def test_decisions_through_kafka_and_ingest(pg_url: str, kafka_bootstrap: str) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from ingest.ingest_helpers import FakeRecord as Record
-from ingest.ingest_helpers import FakeTopicPartition as TP
 from sapwood.ingest.committer import NOT_ASSIGNED, OffsetCommitter
 from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.store import Store
+from tests.support.kafka_ingest import FakeRecord as Record
+from tests.support.kafka_ingest import FakeTopicPartition as TP
 
 G, T = "g", "events"
 

@@ -7,8 +7,6 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ingest.ingest_helpers import FakeRecord as Record
-from ingest.ingest_helpers import FakeTopicPartition as TP
 from sapwood.ingest.deadletters import DeadLetter
 from sapwood.ingest.metrics import IngestMetrics, IngestSensor
 from sapwood.ingest.record_decoder import SkippedRecord, decode_records
@@ -16,6 +14,8 @@ from sapwood.platform.apply import ApplyResult, Rejected
 from sapwood.platform.codec import decode, encode
 from sapwood.platform.errors import SequenceError
 from sapwood.platform.events import ExecutionStarted
+from tests.support.kafka_ingest import FakeRecord as Record
+from tests.support.kafka_ingest import FakeTopicPartition as TP
 
 
 def started() -> ExecutionStarted:

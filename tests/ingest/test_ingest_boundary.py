@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from ingest.ingest_helpers import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
 from sapwood.ingest.poison import bomb, recompressed
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode
 from sapwood.platform.events import ModelCall, Observation
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from support.histories import expected_input
+from tests.support.histories import expected_input
+from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
 
 SMALL = SynthConfig(calls=8, forks=1, fork_depth=2, segments=2, obs_min=50, obs_max=200, out_min=3, out_max=20,
                     system_tokens=300, task_tokens=10, summary_tokens=8, vocab_size=500)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ingest.ingest_helpers import IngestProcess, Ledger, caught_up, check_exactly_once, create_topic, wait_until
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.rollout import KafkaTransport
-from support.histories import SMALL
+from tests.support.histories import SMALL
+from tests.support.kafka_ingest import IngestProcess, Ledger, caught_up, check_exactly_once, create_topic, wait_until
 
 pytestmark = pytest.mark.postgres
 

@@ -29,7 +29,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaConsumer
 
-from ingest.ingest_helpers import (
+from tests.support.kafka_ingest import (
     Ledger,
     caught_up,
     check_exactly_once,

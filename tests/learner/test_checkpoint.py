@@ -23,7 +23,7 @@ from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchB
 from sapwood.learner.source import SourceConfig, build_batch
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def _trainer(seed: int) -> SAOTrainer:

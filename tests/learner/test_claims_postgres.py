@@ -15,7 +15,7 @@ import pytest
 from sapwood.learner.source import BatchSource, SourceConfig
 from sapwood.platform import runs
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 

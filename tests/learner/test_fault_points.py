@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from learner.learner_helpers import replay_store
 from sapwood.learner.audit import audit_training
 from sapwood.platform import runs
 from sapwood.platform.cli import app
 from sapwood.platform.faults import FAULT_POINTS, armed_point, fault_point
 from sapwood.platform.storage.learner_reads import policy_history
+from tests.support.replay_store import replay_store
 
 EXECUTIONS = 5
 

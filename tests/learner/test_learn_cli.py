@@ -11,7 +11,7 @@ from sapwood.learner.loop import latest_policy
 from sapwood.platform import runs
 from sapwood.platform.cli import app
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def test_learn_consumes_a_live_run_and_publishes(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_learn_needs_an_existing_run_or_a_source(tmp_path: Path) -> None:
 
 def test_learn_with_the_megatron_backend_publishes_tiny_layout_checkpoints_and_resumes(tmp_path: Path) -> None:
 
-    from support.megatron_ranks import require_megatron
+    from tests.support.megatron_ranks import require_megatron
 
     require_megatron()
     import torch

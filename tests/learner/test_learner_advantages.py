@@ -14,8 +14,8 @@ from sapwood.learner.advantages import (
 )
 from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder
 from sapwood.learner.config import AdvantageConfig
-from support import gae_reference as ref
-from support.random_trees import random_tree_batch
+from tests.support import gae_reference as ref
+from tests.support.random_trees import random_tree_batch
 
 F64 = torch.float64
 SETTINGS = [(1.0, 0.95), (0.97, 0.8), (1.0, 1.0)]

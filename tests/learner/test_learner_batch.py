@@ -20,7 +20,7 @@ from sapwood.learner.batch import (
     tree_attention_mask,
 )
 from sapwood.learner.errors import BatchValidationError
-from support.random_trees import random_tree_batch
+from tests.support.random_trees import random_tree_batch
 
 
 def random_forest(n: int, seed: int) -> torch.Tensor:

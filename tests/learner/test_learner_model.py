@@ -18,7 +18,7 @@ from sapwood.learner.model import (
     tree_forward,
 )
 from sapwood.learner.trainer import LossTargets, compute_losses
-from support.random_trees import random_tree_batch
+from tests.support.random_trees import random_tree_batch
 
 VOCAB = 32
 

@@ -10,7 +10,7 @@ from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig, Pol
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
 from sapwood.learner.trainer import SAOTrainer
-from support.random_trees import random_tree_batch
+from tests.support.random_trees import random_tree_batch
 
 VOCAB = 32
 

@@ -13,7 +13,7 @@ from sapwood.learner.source import SourceConfig
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def test_update_checkpoints_and_publishes(tmp_path: Path) -> None:

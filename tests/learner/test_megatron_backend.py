@@ -18,8 +18,8 @@ from sapwood.learner.megatron_model import tiny_to_megatron, weight_map
 from sapwood.learner.megatron_parallel import init_parallel, layout, teardown_parallel
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend, flat_forward, tree_forward
 from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
-from support.megatron_ranks import VOCAB, model_config, near_policy_batch, require_megatron
-from support.random_trees import random_tree_batch
+from tests.support.megatron_ranks import VOCAB, model_config, near_policy_batch, require_megatron
+from tests.support.random_trees import random_tree_batch
 
 require_megatron()
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # megatron's CPU notes

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from sapwood.learner.megatron_parallel import ParallelLayout, free_port, init_parallel, teardown_parallel
 from sapwood.learner.shard import select_executions, shard_by_execution
-from support.megatron_ranks import (
+from tests.support.megatron_ranks import (
     EXECUTIONS,
     STEPS,
     near_policy_batch,

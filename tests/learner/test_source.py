@@ -13,7 +13,7 @@ from sapwood.learner.source import BatchSource, RewardPolicy, SourceConfig, buil
 from sapwood.platform import runs
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.learner_helpers import replay_store
 from sapwood.learner.audit import audit_training
 from sapwood.learner.checkpoint import CheckpointError
 from sapwood.learner.config import CriticConfig, LearnerConfig
@@ -19,6 +18,7 @@ from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished
 from sapwood.platform.storage.learner_reads import policy_history
 from sapwood.platform.store import Store
+from tests.support.replay_store import replay_store
 
 
 def _learner(store: Store, ckpt: Path, name: str, *, warmup: int = 0) -> Learner:

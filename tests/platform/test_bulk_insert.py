@@ -6,12 +6,12 @@ import struct
 
 import numpy as np
 import sqlalchemy as sa
-from tests.support.bulk_insert import bulk_insert
 
 from sapwood.platform import schema as t
 from sapwood.platform.bulkcopy import COPY_MIN_ROWS, frame_span, text_payload
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import DIGEST_SIZE
+from tests.support.bulk_insert import bulk_insert
 
 AWKWARD = ["", "tab\there", "line\nbreak\r\n", "back\\slash \\N \\.", "ünïcødé ✓", "quote \" ' ,"]
 

@@ -10,7 +10,7 @@ from sapwood.platform.codec import decode, encode, peek_key
 from sapwood.platform.errors import UnknownParentError, ValidationError
 from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned, SwitchPhase
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def cell_history(t0: float = 1000.0) -> list:

@@ -7,7 +7,7 @@ import pytest
 from sapwood.platform.codec import MAGIC, decode, encode
 from sapwood.platform.errors import DecodeError, DTypeError, LengthMismatchError, SchemaVersionError
 from sapwood.platform.events import ModelCall
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def _same(a, b) -> None:

@@ -17,7 +17,7 @@ from sapwood.platform.codec import decode as decode_event
 from sapwood.platform.codec import encode, payload_size
 from sapwood.platform.errors import DecodeError, PayloadTooLargeError, ValidationError
 from sapwood.platform.events import Prompt
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 @pytest.mark.parametrize(("declare_size", "frames"), [(True, 1), (False, 1), (False, 4), (True, 3)])

@@ -16,7 +16,7 @@ from sapwood.platform.span_encoding import ENC_RAW
 from sapwood.platform.spans import insert_span_rows, new_span_rows
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 

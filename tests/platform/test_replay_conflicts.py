@@ -15,7 +15,7 @@ from sapwood.platform.events import Event, ExecutionFinished, ModelCall, Observa
 from sapwood.platform.replays import content_digest
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def _first(events: list[Event], cls: type[Event]) -> Event:

@@ -6,7 +6,6 @@ import numpy as np
 import psycopg
 import pytest
 import sqlalchemy as sa
-from tests.support.histories import small_execution
 
 from sapwood.platform import apply as apply_module
 from sapwood.platform import schema as t
@@ -17,6 +16,7 @@ from sapwood.platform.span_stream import SpanStream
 from sapwood.platform.spans import load_spans
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
+from tests.support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 

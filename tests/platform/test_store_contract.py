@@ -22,7 +22,7 @@ from sapwood.platform.events import ModelCall, PolicyPublished
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import input_digest
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import expected_input, small_execution
+from tests.support.histories import expected_input, small_execution
 
 
 def _counts(store: Store) -> dict[str, int]:

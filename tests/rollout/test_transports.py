@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaConsumer
 
-from ingest.ingest_helpers import Ledger, create_topic
+from tests.support.kafka_ingest import Ledger, create_topic
 
 SMALL = SynthConfig(calls=8, forks=1, fork_depth=1, segments=2, obs_min=5, obs_max=30, out_min=3, out_max=20,
                     system_tokens=30, task_tokens=10, summary_tokens=8, vocab_size=500)

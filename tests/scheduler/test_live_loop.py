@@ -16,7 +16,7 @@ from sapwood.rollout.transports import InProcessTransport
 from sapwood.scheduler.live import LoggingActuator, SchedulerLoop
 from sapwood.scheduler.live_signals import LiveSignalReader
 from sapwood.scheduler.policies import ElasticPolicy
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def fill(store: Store, now: float) -> None:

@@ -7,7 +7,6 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from ingest.ingest_helpers import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode, peek_key
@@ -15,7 +14,8 @@ from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFini
 from sapwood.platform.store import Store
 from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader, backlog, in_flight
 from sapwood.scheduler.metrics import SchedulerMetrics
-from support.histories import small_execution
+from tests.support.histories import small_execution
+from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
 
 
 def produce(bootstrap: str, topic: str, events: list) -> dict[int, int]:

@@ -10,7 +10,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from sapwood.scheduler.runtime.cluster import CellSpec  # noqa: E402
-from support.elastic_runtime import Background, executions, start_runtime, store_calls  # noqa: E402
+from tests.support.elastic_runtime import Background, executions, start_runtime, store_calls  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -161,7 +161,7 @@ def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type
     from sapwood.scheduler.runtime.cluster import ElasticRuntime
     from sapwood.scheduler.runtime.store_writer import RayStoreTransport
     from sapwood.scheduler.signals import CellState, Signals
-    from support.elastic_runtime import initial_state, model_config
+    from tests.support.elastic_runtime import initial_state, model_config
 
     rt = ElasticRuntime(f"sqlite:///{tmp_path / 'store.db'}", [CellSpec("c0"), CellSpec("c1")], model_config(),
                         initial_state(), actor_prefix=f"t{time.time_ns()}")

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from tests.support.histories import small_execution
 
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.events import EVENT_TYPES, Event, Prompt
 from sapwood.platform.planner.handlers import handler_for, plan_event
 from sapwood.platform.store import Store
+from tests.support.histories import small_execution
 
 
 @dataclass(eq=False, kw_only=True)

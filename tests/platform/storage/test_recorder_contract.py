@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from tests.support.histories import small_execution
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import DigestMismatchError
@@ -27,6 +26,7 @@ from sapwood.platform.storage.sqlite.recorder import SqliteRecorder
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from sapwood.platform.tree import Role
+from tests.support.histories import small_execution
 
 PHASES = {"lookups", "digests", "plan", "spans", "payloads", "store"}
 

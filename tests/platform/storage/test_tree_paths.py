@@ -20,7 +20,7 @@ from sapwood.platform.storage.trees_sql import SqlTreeReader, Step, path_cte
 from sapwood.platform.storage.trees_sql import across_segments as _across_segments
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from support.histories import expected_input
+from tests.support.histories import expected_input
 
 _n = t.nodes.c
 _STEPS: dict[str, Step] = {"postgresql": lateral_step, "sqlite": join_step}

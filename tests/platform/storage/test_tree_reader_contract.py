@@ -18,7 +18,7 @@ from sapwood.platform.storage.trees import PageSlice, tree_reader
 from sapwood.platform.store import Store
 from sapwood.platform.tree import Role
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import expected_input
+from tests.support.histories import expected_input
 
 MISSING = "00000000-0000-4000-8000-000000000000"
 
