@@ -15,18 +15,12 @@ marked ``slow`` run only with ``--runslow``.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:  # makes `support` importable under any --import-mode
-    sys.path.insert(0, str(TESTS_DIR))
 
 POSTGRES_FIXTURES = frozenset({"postgres_url", "pg_url"})
 KAFKA_FIXTURES = frozenset({"kafka_bootstrap"})

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.api_helpers import Keys, TestClient, load_executions, make_client, make_keys
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, load_executions, make_client, make_keys
 
 
 @pytest.fixture

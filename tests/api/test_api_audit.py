@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from api.api_helpers import Keys, TestClient, calls_of, make_client, recorded_input
 from sapwood.api import ApiSettings, create_app
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ValidationError
@@ -16,6 +15,7 @@ from sapwood.platform.events import ModelCall
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, calls_of, make_client, recorded_input
 
 
 def audit(client: TestClient, keys: Keys, call_id: str, **params: Any) -> dict[str, Any]:
@@ -34,20 +34,26 @@ def test_audit_is_the_exact_recorded_input_across_forks_and_segments(
             a = audit(client, keys, call.event_id)
             expected = recorded_input(w, call)
             assert np.array_equal(np.array(a["input"]["token_ids"], dtype=np.int32), expected), call.event_id
-            assert a["verified"] and a["input"]["verified"]
+            assert a["verified"]
+            assert a["input"]["verified"]
             assert a["input"]["recorded_digest"] == call.input_digest == a["input"]["computed_digest"]
             assert a["input"]["length"] == expected.size == a["call"]["input_len"]
             assert a["output"]["token_ids"] == call.output_ids.tolist()
             assert np.array_equal(np.array(a["output"]["logprobs"], dtype=np.float32), call.output_logprobs)
-            assert a["call"]["policy_version"] == call.policy_version and a["engine"] == "synthetic"
-            assert a["timings"] == call.timings and a["sampling_params"] == {"temperature": 1.0, "top_p": 1.0}
-            assert a["call"]["call_kind"] == call.call_kind and a["input"]["text"] is None
+            assert a["call"]["policy_version"] == call.policy_version
+            assert a["engine"] == "synthetic"
+            assert a["timings"] == call.timings
+            assert a["sampling_params"] == {"temperature": 1.0, "top_p": 1.0}
+            assert a["call"]["call_kind"] == call.call_kind
+            assert a["input"]["text"] is None
             path = a["input"]["path"]
-            assert path[0]["depth"] == 0 and sum(p["length"] for p in path) == expected.size
+            assert path[0]["depth"] == 0
+            assert sum(p["length"] for p in path) == expected.size
             assert path[-1]["node_id"] == a["call"]["input_node"]
             segments.add(a["call"]["segment"])
             fork_children += call.parent in fork_points
-    assert segments == {0, 1, 2} and fork_children == 8  # both branches of 2 forks in 2 executions
+    assert segments == {0, 1, 2}
+    assert fork_children == 8  # both branches of 2 forks in 2 executions
 
 
 def test_binary_input_matches_and_reports_verification(client: TestClient, keys: Keys,
@@ -55,7 +61,8 @@ def test_binary_input_matches_and_reports_verification(client: TestClient, keys:
     w = writers[0]
     call = calls_of(w)[-1]
     r = client.get(f"/v1/calls/{call.event_id}/input.bin", headers=keys.headers("read"))
-    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/octet-stream"
     assert np.array_equal(np.frombuffer(r.content, dtype="<i4"), recorded_input(w, call))
     assert r.headers["x-sapwood-verified"] == "true"
     assert r.headers["x-sapwood-computed-digest"] == call.input_digest == digest_bytes(r.content).hex()
@@ -64,9 +71,12 @@ def test_binary_input_matches_and_reports_verification(client: TestClient, keys:
 def test_audit_without_tokens_and_unknown_call(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
     call = calls_of(writers[0])[0]
     a = audit(client, keys, call.event_id, tokens=False)
-    assert a["input"]["token_ids"] is None and a["output"]["logprobs"] is None and a["verified"]
+    assert a["input"]["token_ids"] is None
+    assert a["output"]["logprobs"] is None
+    assert a["verified"]
     r = client.get("/v1/calls/00000000-0000-4000-8000-000000000000/audit", headers=keys.headers("read"))
-    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
 
 
 def test_a_tampered_span_fails_verification(pg_store: Store, keys: Keys, writers: list[ExecutionWriter]) -> None:
@@ -79,7 +89,8 @@ def test_a_tampered_span_fails_verification(pg_store: Store, keys: Keys, writers
         conn.execute(t.spans.update().where(t.spans.c.digest == digest).values(data=bytes(data)[::-1]))
     with make_client(pg_store) as client:
         a = audit(client, keys, call.event_id)
-    assert not a["verified"] and not a["input"]["verified"]
+    assert not a["verified"]
+    assert not a["input"]["verified"]
     assert a["input"]["computed_digest"] != a["input"]["recorded_digest"] == call.input_digest
 
 
@@ -127,7 +138,7 @@ def test_decoded_text_with_the_char_tokenizer(pg_store: Store, keys: Keys, write
         node = client.get(f"/v1/nodes/{call.output_node_id}", headers=keys.headers("read")).json()
     assert a["input"]["text"] == "".join(map(chr, a["input"]["token_ids"]))
     assert a["output"]["text"] == "".join(map(chr, call.output_ids.tolist())) == node["text"]
-    with make_client(pg_store, tokenizer="api.api_helpers:hex_tokenizer") as client:
+    with make_client(pg_store, tokenizer="tests.support.api_client:hex_tokenizer") as client:
         a = audit(client, keys, call.event_id)
     assert a["output"]["text"] == " ".join(f"{i:x}" for i in call.output_ids.tolist())
 

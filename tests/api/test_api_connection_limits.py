@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from api.live_server import sapwood_serve, serve_in_thread
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.http_protocol import ConnectionLimits, guarded_protocol
 from sapwood.platform.store import Store
+from tests.support.live_server import sapwood_serve, serve_in_thread
 
 LIMITS = ConnectionLimits(max_header_bytes=8192, max_header_count=50, read_timeout_s=0.5,
                           max_connections_per_client=3)

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import typer
 from typer.testing import CliRunner
 
-from api.api_helpers import calls_of, load_executions, make_client, make_keys, recorded_input
 from sapwood.api.cli import register
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
+from tests.support.api_client import calls_of, load_executions, make_client, make_keys, recorded_input
 
 
 def test_sqlite_store_serves_every_kind_of_request(tmp_path: Path) -> None:
@@ -34,11 +34,13 @@ def test_sqlite_store_serves_every_kind_of_request(tmp_path: Path) -> None:
         assert [page["items"][0]["execution_id"], page2["items"][0]["execution_id"]] == [writers[1].execution_id,
                                                                                        writers[0].execution_id]
         tree = c.get(f"/v1/executions/{w.execution_id}/tree", headers=h).json()
-        assert len(tree["nodes"]) == len(w.nodes) and set(tree["leaves"]) == set(w.leaves())
+        assert len(tree["nodes"]) == len(w.nodes)
+        assert set(tree["leaves"]) == set(w.leaves())
         assert c.get(f"/v1/executions/{w.execution_id}/tree/summary", headers=h).status_code == 200
         call = calls_of(w)[-1]
         audit = c.get(f"/v1/calls/{call.event_id}/audit", headers=h).json()
-        assert audit["verified"] and audit["input"]["token_ids"] == recorded_input(w, call).tolist()
+        assert audit["verified"]
+        assert audit["input"]["token_ids"] == recorded_input(w, call).tolist()
         seen = c.get(f"/v1/nodes/{w.leaves()[0]}/trajectory", headers=h).json()
         assert seen["n_tokens"] > 0
         root = tree["nodes"][0]["node_id"]
@@ -72,7 +74,8 @@ def test_cli_creates_a_key_that_the_api_accepts(tmp_path: Path) -> None:
         assert c.get("/v1/runs", headers={"X-API-Key": key}).status_code == 200
         assert c.get("/v1/keys", headers={"X-API-Key": key}).status_code == 403
     listed = runner.invoke(_cli(), ["keys", "list", "--database-url", url])
-    assert key_id in listed.stdout and key.split(".")[1] not in listed.stdout
+    assert key_id in listed.stdout
+    assert key.split(".")[1] not in listed.stdout
     assert runner.invoke(_cli(), ["keys", "revoke", key_id, "--database-url", url]).exit_code == 0
     with make_client(store) as c:
         assert c.get("/v1/runs", headers={"X-API-Key": key}).status_code == 401
@@ -85,7 +88,8 @@ def test_serve_is_registered_into_the_sapwood_command() -> None:
     from sapwood.platform.cli import app
 
     result = CliRunner().invoke(app, ["serve", "--help"])
-    assert result.exit_code == 0 and "--workers" in result.stdout
+    assert result.exit_code == 0
+    assert "--workers" in result.stdout
     assert CliRunner().invoke(app, ["keys", "--help"]).exit_code == 0
 
 
@@ -106,7 +110,8 @@ def test_ingest_lag_from_a_real_broker(pg_store: Store, kafka_bootstrap: str) ->
     keys = make_keys(pg_store)
     with make_client(pg_store, kafka_bootstrap=kafka_bootstrap) as c:
         stats = c.get("/v1/stats", headers=keys.headers("read")).json()
-    assert stats["ingest_lag"] == 4 and stats["ingest_lag_reason"] is None
+    assert stats["ingest_lag"] == 4
+    assert stats["ingest_lag_reason"] is None
     [part] = stats["ingest_lag_partitions"]
     assert (part["topic"], part["next_offset"], part["end_offset"], part["lag"]) == (topic, 3, 7, 4)
 

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from api.api_helpers import Keys, TestClient, calls_of, latest_score, logical_trajectory
 from sapwood.api.queries.export import NODE_SCHEMA, TRAJECTORY_SCHEMA, ParquetExport
 from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, calls_of, latest_score, logical_trajectory
 
 ROLE_CODES = {"prompt": 0, "observation": 1, "action": 2, "summary": 3}
 
@@ -61,9 +61,11 @@ def test_trajectory_rows_hold_the_recorded_tokens_roles_and_logprobs(
     for w in writers:
         for leaf, want in expected_rows(w).items():
             row = by_leaf[leaf]
-            assert row["execution_id"] == w.execution_id and row["run_id"] == "rollout-a"
+            assert row["execution_id"] == w.execution_id
+            assert row["run_id"] == "rollout-a"
             assert np.array_equal(np.array(row["token_ids"], dtype=np.int32), want["tokens"])
-            assert row["segment_starts"] == want["starts"] and row["n_segments"] == len(want["starts"])
+            assert row["segment_starts"] == want["starts"]
+            assert row["n_segments"] == len(want["starts"])
             assert row["roles"] == want["roles"].tolist()
             got = np.array([np.nan if x is None else x for x in row["logprobs"]], dtype=np.float32)
             assert np.array_equal(got, want["logprobs"], equal_nan=True)
@@ -72,7 +74,8 @@ def test_trajectory_rows_hold_the_recorded_tokens_roles_and_logprobs(
             assert row["n_trainable"] == int(np.isin(want["roles"], [2, 3]).sum())
             score = latest_score(w)
             if score is not None:
-                assert row["reward"] == score == row["score"] and row["status"] == "timeout"
+                assert row["reward"] == score == row["score"]
+                assert row["status"] == "timeout"
 
 
 def test_node_rows_store_each_node_once(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
@@ -84,24 +87,29 @@ def test_node_rows_store_each_node_once(client: TestClient, keys: Keys, writers:
     nodes = {nid: n for w in successes for nid, n in w.nodes.items()}
     for row in table.to_pylist():
         node = nodes[row["node_id"]]
-        assert row["token_ids"] == node.tokens.tolist() and row["role_name"] == node.role
-        assert row["parent_id"] == node.parent and row["segment"] == node.segment
+        assert row["token_ids"] == node.tokens.tolist()
+        assert row["role_name"] == node.role
+        assert row["parent_id"] == node.parent
+        assert row["segment"] == node.segment
         if row["node_id"] in outputs:
             assert np.array_equal(np.array(row["logprobs"], dtype=np.float32),
                                   outputs[row["node_id"]].output_logprobs)
         else:
-            assert row["logprobs"] is None and row["call_id"] is None
+            assert row["logprobs"] is None
+            assert row["call_id"] is None
 
 
 def test_filters_limits_and_empty_exports(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
     one = pq.read_table(io.BytesIO(export(client, keys, limit=1)))
     assert set(one.column("execution_id").to_pylist()) == {writers[0].execution_id}  # oldest first
     none = pq.read_table(io.BytesIO(export(client, keys, task_id="no-such-task")))
-    assert none.num_rows == 0 and none.schema.equals(TRAJECTORY_SCHEMA, check_metadata=False)
+    assert none.num_rows == 0
+    assert none.schema.equals(TRAJECTORY_SCHEMA, check_metadata=False)
     r = client.get("/v1/export.parquet", headers=keys.headers("read"), params={"limit": 10**6})
     assert r.status_code == 422
     schema = client.get("/v1/export/schema", headers=keys.headers("read"), params={"rows": "node"}).json()
-    assert [c["name"] for c in schema] == NODE_SCHEMA.names and all(c["description"] for c in schema)
+    assert [c["name"] for c in schema] == NODE_SCHEMA.names
+    assert all(c["description"] for c in schema)
 
 
 def test_the_stream_has_several_row_groups_for_big_exports(pg_store: Store, writers: list[ExecutionWriter]) -> None:
@@ -136,7 +144,8 @@ def test_polars_reads_the_export(parquet_file: Path, writers: list[ExecutionWrit
     pl = pytest.importorskip("polars")
     df = pl.read_parquet(parquet_file)
     assert df["token_ids"].list.len().sum() == _expected_tokens(writers)
-    assert df["logprobs"].dtype == pl.List(pl.Float32) and df["roles"].dtype == pl.List(pl.Int8)
+    assert df["logprobs"].dtype == pl.List(pl.Float32)
+    assert df["roles"].dtype == pl.List(pl.Int8)
 
 
 def test_duckdb_reads_the_export(parquet_file: Path, writers: list[ExecutionWriter]) -> None:
@@ -145,7 +154,8 @@ def test_duckdb_reads_the_export(parquet_file: Path, writers: list[ExecutionWrit
     src = f"read_parquet('{parquet_file}')"
     query = f"SELECT count(*), sum(len(token_ids)), sum(n_trainable) FROM {src}"
     [(n, tokens, trainable)] = con.execute(query).fetchall()
-    assert n == sum(len(w.leaves()) for w in writers) and tokens == _expected_tokens(writers)
+    assert n == sum(len(w.leaves()) for w in writers)
+    assert tokens == _expected_tokens(writers)
     [(nulls,)] = con.execute(f"SELECT count(*) FROM (SELECT unnest(logprobs) AS lp FROM {src}) WHERE lp IS NOT NULL"
                              ).fetchall()
     assert nulls == trainable  # a log-prob exactly for every action/summary token

@@ -11,20 +11,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from api.api_helpers import Keys, TestClient, calls_of
 from sapwood.api.cache import Cached, ResponseCache
 from sapwood.api.routes import cached
 from sapwood.api.schemas import AuditOut, TrajectoryOut
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, calls_of
 
 
 def test_output_bin_is_the_recorded_output_and_logprobs(client: TestClient, keys: Keys,
                                                         writers: list[ExecutionWriter]) -> None:
     for call in calls_of(writers[1])[::5]:
         r = client.get(f"/v1/calls/{call.event_id}/output.bin", headers=keys.headers("read"))
-        assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/octet-stream"
         n = int(r.headers["x-sapwood-token-count"])
-        assert n == call.output_ids.size and len(r.content) == 8 * n
+        assert n == call.output_ids.size
+        assert len(r.content) == 8 * n
         assert np.array_equal(np.frombuffer(r.content[:4 * n], "<i4"), call.output_ids)
         assert np.array_equal(np.frombuffer(r.content[4 * n:], "<f4"), call.output_logprobs)
         assert r.headers["x-sapwood-policy-version"] == str(call.policy_version)
@@ -60,7 +62,8 @@ def test_concurrent_misses_on_one_key_build_once() -> None:
     assert len(builds) == 1
     assert sorted(state for _, state in results) == ["coalesced"] * 7 + ["miss"]
     assert all(entry == (b"body", {"ETag": '"x"'}) for entry, _ in results)
-    assert asyncio.run(cached(services, "k", build))[1] == "hit" and len(builds) == 1
+    assert asyncio.run(cached(services, "k", build))[1] == "hit"
+    assert len(builds) == 1
     assert services.cache.inflight == {}
 
 
@@ -80,7 +83,9 @@ def test_a_failed_build_fails_its_waiters_and_is_retried() -> None:
                                     return_exceptions=True)
 
     first, second = asyncio.run(two())
-    assert isinstance(first, RuntimeError) and isinstance(second, RuntimeError) and calls["n"] == 1
+    assert isinstance(first, RuntimeError)
+    assert isinstance(second, RuntimeError)
+    assert calls["n"] == 1
     assert asyncio.run(cached(services, "k", build)) == ((b"ok", {}), "miss")
     with pytest.raises(KeyError):
         services.cache.inflight["k"]

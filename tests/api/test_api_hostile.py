@@ -21,12 +21,12 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from api.api_helpers import Keys, TestClient, load_executions, make_client, make_keys
-from api.live_server import sapwood_serve, serve_in_thread
 from sapwood.api import ApiSettings, auth, create_app
 from sapwood.api.cursors import MAC_BYTES
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
+from tests.support.api_client import Keys, TestClient, load_executions, make_client, make_keys
+from tests.support.live_server import sapwood_serve, serve_in_thread
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -68,7 +68,8 @@ def test_a_run_config_the_store_could_not_read_back_is_refused(any_store: Store,
         ok = c.post("/v1/runs", headers=keys.headers("write"), json={"run_id": "fine", "config": deep(32)})
         assert ok.status_code == 201, ok.text
         listed = c.get("/v1/runs", headers=keys.headers("read"))
-        assert listed.status_code == 200 and [i["run_id"] for i in listed.json()["items"]] == ["fine"]
+        assert listed.status_code == 200
+        assert [i["run_id"] for i in listed.json()["items"]] == ["fine"]
         assert c.get("/v1/runs/fine", headers=keys.headers("read")).json()["config"] == deep(32)
     with any_store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(t.runs)).scalar_one() == 1
@@ -126,7 +127,8 @@ def test_forged_cursors_get_422_and_are_bound_to_their_resource(pg_store: Store,
     assert client.get(f"/v1/executions/{a}/calls", headers=h, params={"cursor": cursor}).status_code == 200
     # a calls cursor of execution a on execution b
     r = client.get(f"/v1/executions/{b}/calls", headers=h, params={"cursor": cursor})
-    assert r.status_code == 422 and "cursor" in r.json()["error"]["message"]
+    assert r.status_code == 422
+    assert "cursor" in r.json()["error"]["message"]
     for payload in ([f"calls:{a}", 2**64], [f"calls:{a}", -(2**80)], [f"calls:{a}", 10**400 // 10**399]):
         r = client.get(f"/v1/executions/{a}/calls", headers=h, params={"cursor": forge(cursor, payload)})
         assert r.status_code == 422, r.text
@@ -142,7 +144,8 @@ def test_forged_cursors_get_422_and_are_bound_to_their_resource(pg_store: Store,
     items = client.get("/v1/runs/r1/items", headers=h, params={"limit": 1}).json()
     c1 = items["next_cursor"]
     raw = json.loads(base64.urlsafe_b64decode(c1 + "=" * (-len(c1) % 4))[MAC_BYTES:])
-    assert raw[0] == "items:r1" and raw[-1] == 1
+    assert raw[0] == "items:r1"
+    assert raw[-1] == 1
     assert client.get("/v1/runs/r1/items", headers=h, params={"cursor": forge(c1, [*raw[:-1], 10**6])}
                       ).status_code == 422
     assert client.get("/v1/runs/r2/items", headers=h, params={"cursor": c1}).status_code == 422
@@ -187,7 +190,9 @@ def test_a_lost_run_id_race_is_a_clean_409(pg_store: Store, keys: Keys, client: 
     assert r.status_code == 409, r.text
     message = r.json()["error"]["message"]
     assert message == "run 'raced' already exists"
-    assert "pkey" not in r.text and "Key (" not in r.text and "constraint" not in r.text
+    assert "pkey" not in r.text
+    assert "Key (" not in r.text
+    assert "constraint" not in r.text
 
 
 def test_driver_conflicts_never_show_driver_text(client: TestClient, keys: Keys,
@@ -200,7 +205,9 @@ def test_driver_conflicts_never_show_driver_text(client: TestClient, keys: Keys,
 
     monkeypatch.setattr(q, "list_runs", collide)
     r = client.get("/v1/runs", headers=keys.headers("read"))
-    assert r.status_code == 409 and "runs_pkey" not in r.text and "Key (" not in r.text
+    assert r.status_code == 409
+    assert "runs_pkey" not in r.text
+    assert "Key (" not in r.text
 
 
 def test_concurrent_score_revisions_both_succeed_on_sqlite(tmp_path: Path) -> None:
@@ -239,7 +246,8 @@ def test_the_last_admin_key_cannot_be_revoked(any_store: Store) -> None:
     first_id = first.split(".")[0]
     with make_client(any_store) as c:
         r = c.delete(f"/v1/keys/{first_id}", headers=h)
-        assert r.status_code == 409 and "last active admin key" in r.json()["error"]["message"]
+        assert r.status_code == 409
+        assert "last active admin key" in r.json()["error"]["message"]
         assert c.delete(f"/v1/keys/{reader.split('.')[0]}", headers=h).status_code == 200
         second = c.post("/v1/keys", headers=h, json={"name": "second", "scopes": ["admin", "read"]}).json()
         assert c.delete(f"/v1/keys/{first_id}", headers=h).status_code == 200
@@ -280,15 +288,18 @@ def test_openapi_limits_are_the_limits_the_server_enforces(pg_store: Store, keys
 def test_allow_lists_every_method_of_the_path(client: TestClient, keys: Keys) -> None:
     for method in ("OPTIONS", "PUT", "PATCH"):
         r = client.request(method, "/v1/runs", headers=keys.headers("read"))
-        assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
+        assert r.status_code == 405
+        assert r.headers["allow"] == "GET, POST"
     r = client.request("PUT", "/v1/keys/0123456789abcdef", headers=keys.headers("admin"))
-    assert r.status_code == 405 and r.headers["allow"] == "DELETE"
+    assert r.status_code == 405
+    assert r.headers["allow"] == "DELETE"
 
 
 def test_invalid_utf8_gets_a_documented_400(client: TestClient, keys: Keys) -> None:
     r = client.post("/v1/runs", headers={**keys.headers("write"), "Content-Type": "application/json"},
                     content=b'{"run_id": "\xff\xfe"}')
-    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request"
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "bad_request"
     spec = client.get("/openapi.json").json()
     assert "400" in spec["paths"]["/v1/runs"]["post"]["responses"]
 
@@ -297,7 +308,8 @@ def test_request_headers_are_size_limited(pg_store: Store, keys: Keys) -> None:
     with make_client(pg_store, api_max_header_bytes=4096) as c:
         assert c.get("/v1/runs", headers={**keys.headers("read"), "X-Pad": "a" * 3000}).status_code == 200
         r = c.get("/v1/runs", headers={**keys.headers("read"), "X-Pad": "a" * 5000})
-        assert r.status_code == 431 and r.json()["error"]["code"] == "headers_too_large"
+        assert r.status_code == 431
+        assert r.json()["error"]["code"] == "headers_too_large"
         r = c.get("/healthz", headers={"X-Pad": "a" * (8 << 20)})
         assert r.status_code == 431
 
@@ -329,4 +341,5 @@ def test_sapwood_serve_workers_share_one_cursor_secret(tmp_path: Path) -> None:
             assert r.status_code == 200, r.text
             seen += [i["execution_id"] for i in r.json()["items"]]
             cursor = r.json()["next_cursor"]
-        assert len(set(seen)) == 6 and cursor is None
+        assert len(set(seen)) == 6
+        assert cursor is None

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.api_helpers import Keys, TestClient, make_client, make_keys
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.json_values import EXACT_INT_MAX, check_json_numbers, load_json
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, make_client, make_keys
 
 #: Numbers a double holds exactly: floats (finite, the extremes included), integers within ±2**53
 #: and larger integers that are doubles (``10**20``), which PostgreSQL's JSONB prints as integers.

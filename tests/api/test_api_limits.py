@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.api_helpers import make_client, make_keys
-from api.live_server import serve_in_thread
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.errors import MAX_ERROR_DETAILS
 from sapwood.platform.store import Store, make_engine
+from tests.support.api_client import make_client, make_keys
+from tests.support.live_server import serve_in_thread
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from api.api_helpers import Keys, TestClient, calls_of, latest_score, logical_trajectory, make_client
 from sapwood.platform import schema as t
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, calls_of, latest_score, logical_trajectory, make_client
 
 ROLE_CODES = {"prompt": 0, "observation": 1, "action": 2, "summary": 3}
 
@@ -42,8 +42,10 @@ def test_list_executions_newest_first_with_keyset_pages(client: TestClient, keys
     assert [i["execution_id"] for i in asc] == [w.execution_id for w in writers]
     first = items[-1]
     assert first["n_calls"] == len(calls_of(writers[0]))
-    assert first["n_segments"] == 3 and first["n_forks"] == 2
-    assert first["status"] == "success" and first["reward"] is not None
+    assert first["n_segments"] == 3
+    assert first["n_forks"] == 2
+    assert first["status"] == "success"
+    assert first["reward"] is not None
 
 
 @pytest.mark.parametrize(
@@ -71,7 +73,8 @@ def test_score_and_time_filters(client: TestClient, keys: Keys, writers: list[Ex
     scores = {eid: r["reward"] if r["reward"] is not None else r["score"] for eid, r in rows.items()}
     cut = sorted(scores.values())[1]
     got = {i["execution_id"] for i in all_pages(client, keys, "/v1/executions", min_score=cut)}
-    assert got == {e for e, s in scores.items() if s >= cut} and 0 < len(got) < 4
+    assert got == {e for e, s in scores.items() if s >= cut}
+    assert 0 < len(got) < 4
     got = {i["execution_id"] for i in all_pages(client, keys, "/v1/executions", max_score=cut)}
     assert got == {e for e, s in scores.items() if s <= cut}
     starts = sorted(r["started_at"] for r in rows.values())
@@ -85,7 +88,8 @@ def test_score_and_time_filters(client: TestClient, keys: Keys, writers: list[Ex
 
 def test_bad_cursor_and_page_size(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
     body = get(client, keys, "/v1/executions", 422, cursor="bm90LWEtY3Vyc29y")
-    assert body["error"]["code"] == "invalid" and "cursor" in body["error"]["message"]
+    assert body["error"]["code"] == "invalid"
+    assert "cursor" in body["error"]["message"]
     calls_cursor = get(client, keys, f"/v1/executions/{writers[0].execution_id}/calls", limit=1)["next_cursor"]
     assert calls_cursor is not None
     get(client, keys, "/v1/executions", 422, cursor=calls_cursor)  # a cursor of another listing
@@ -97,8 +101,11 @@ def test_bad_cursor_and_page_size(client: TestClient, keys: Keys, writers: list[
 def test_get_execution_and_404(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
     w = writers[1]
     ex = get(client, keys, f"/v1/executions/{w.execution_id}")
-    assert ex["status"] == "timeout" and ex["score"] == latest_score(w) and ex["final_reward"] is None
-    assert ex["reward"] == ex["latest_score"] == latest_score(w) and ex["reward_source"] == "partial_score"
+    assert ex["status"] == "timeout"
+    assert ex["score"] == latest_score(w)
+    assert ex["final_reward"] is None
+    assert ex["reward"] == ex["latest_score"] == latest_score(w)
+    assert ex["reward_source"] == "partial_score"
     missing = get(client, keys, "/v1/executions/00000000-0000-4000-8000-000000000000", 404)
     assert missing["error"]["code"] == "not_found"
     assert get(client, keys, "/v1/executions/not-a-uuid", 422)["error"]["code"] == "invalid_request"
@@ -110,14 +117,17 @@ def test_tree_has_every_node_with_roles_forks_segments_and_leaves(client: TestCl
     w = writers[1]
     tree = get(client, keys, f"/v1/executions/{w.execution_id}/tree")
     nodes = {n["node_id"]: n for n in tree["nodes"]}
-    assert set(nodes) == set(w.nodes) and tree["n_nodes_total"] == len(w.nodes) and not tree["truncated"]
+    assert set(nodes) == set(w.nodes)
+    assert tree["n_nodes_total"] == len(w.nodes)
+    assert not tree["truncated"]
     seen: set[str] = set()
     for n in tree["nodes"]:  # creation order: parents first
         up = n["parent_id"] or n["prev_segment_node"]
         assert up is None or up in seen
         seen.add(n["node_id"])
         wn = w.nodes[n["node_id"]]
-        assert n["length"] == wn.tokens.size and n["segment"] == wn.segment
+        assert n["length"] == wn.tokens.size
+        assert n["segment"] == wn.segment
         assert n["depth"] == wn.end - wn.tokens.size
         expected_role = {"prompt": "prompt", "observation": "observation", "action": "action",
                          "summary": "summary"}[wn.role]
@@ -128,8 +138,10 @@ def test_tree_has_every_node_with_roles_forks_segments_and_leaves(client: TestCl
     assert len(tree["fork_points"]) == 2
     assert all(nodes[f]["fork_branches"] == 2 and nodes[f]["n_children"] == 2 for f in tree["fork_points"])
     assert [s["segment"] for s in tree["segments"]] == [0, 1, 2]
-    assert tree["segments"][1]["from_node"] in nodes and nodes[tree["segments"][1]["from_node"]]["role"] == "summary"
-    assert [s["revision"] for s in tree["scores"]] == [0] and tree["scores"][0]["score"] == latest_score(w)
+    assert tree["segments"][1]["from_node"] in nodes
+    assert nodes[tree["segments"][1]["from_node"]]["role"] == "summary"
+    assert [s["revision"] for s in tree["scores"]] == [0]
+    assert tree["scores"][0]["score"] == latest_score(w)
     assert sum(n["length"] for n in tree["nodes"]) == tree["execution"]["n_tokens"]
 
 
@@ -137,16 +149,20 @@ def test_tree_limits_and_cache(client: TestClient, keys: Keys, writers: list[Exe
     eid = writers[0].execution_id
     url = f"/v1/executions/{eid}/tree"
     small = get(client, keys, url, max_nodes=7)
-    assert small["truncated"] and len(small["nodes"]) == 7 and small["n_nodes_total"] == len(writers[0].nodes)
+    assert small["truncated"]
+    assert len(small["nodes"]) == 7
+    assert small["n_nodes_total"] == len(writers[0].nodes)
     full = get(client, keys, url)
     assert small["nodes"] == full["nodes"][:7]  # same facts (child counts over the whole tree)
     shallow = get(client, keys, url, max_level=3)
-    assert shallow["truncated"] and {n["level"] for n in shallow["nodes"]} == {0, 1, 2, 3}
+    assert shallow["truncated"]
+    assert {n["level"] for n in shallow["nodes"]} == {0, 1, 2, 3}
     body = get(client, keys, url, 422, max_nodes=10**6)
     assert "SAPWOOD_API_TREE_MAX_NODES" in body["error"]["message"]
     r1 = client.get(url, headers=keys.headers("read"))
     r2 = client.get(url, headers={**keys.headers("read"), "If-None-Match": r1.headers["etag"]})
-    assert r1.headers["x-sapwood-cache"] == "hit" and r2.status_code == 304
+    assert r1.headers["x-sapwood-cache"] == "hit"
+    assert r2.status_code == 304
 
 
 def test_tree_of_an_unknown_execution(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
@@ -182,15 +198,19 @@ def test_tree_summary_collapses_chains(client: TestClient, keys: Keys, writers: 
     kept = {n["node_id"]: n for n in summary["nodes"]}
     assert set(w.leaves()) <= set(kept)
     kinds = [k for n in summary["nodes"] for k in n["kinds"]]
-    assert kinds.count("fork") == 2 and kinds.count("segment_root") == 2 and kinds.count("compacted") == 2
-    assert kinds.count("root") == 1 and len(kept) < len(w.nodes) / 3
+    assert kinds.count("fork") == 2
+    assert kinds.count("segment_root") == 2
+    assert kinds.count("compacted") == 2
+    assert kinds.count("root") == 1
+    assert len(kept) < len(w.nodes) / 3
     collapsed = sum(e["n_nodes"] for e in summary["edges"])
     assert collapsed + len(kept) == len(w.nodes)
     tokens = sum(e["n_tokens"] for e in summary["edges"]) + sum(n["length"] for n in summary["nodes"])
     assert tokens == summary["execution"]["n_tokens"]
     assert sum(1 for e in summary["edges"] if e["kind"] == "segment") == 2
     for e in summary["edges"]:
-        assert e["parent"] in kept and e["child"] in kept
+        assert e["parent"] in kept
+        assert e["child"] in kept
         assert sum(e["tokens_by_role"].values()) == e["n_tokens"]
 
 
@@ -216,7 +236,8 @@ def test_trajectory_pages_rebuild_the_logical_trajectory(client: TestClient, key
     pages = 0
     while offset is not None:
         page = get(client, keys, f"/v1/nodes/{leaf}/trajectory", offset=offset, limit=97)
-        assert page["offset"] == offset and page["n_tokens"] == expected.tokens.size
+        assert page["offset"] == offset
+        assert page["n_tokens"] == expected.tokens.size
         for piece in page["pieces"]:
             assert piece["offset"] == len(ids)  # pieces are contiguous across pages
             ids += piece["token_ids"]
@@ -229,16 +250,19 @@ def test_trajectory_pages_rebuild_the_logical_trajectory(client: TestClient, key
                 assert piece["logprobs"] is None
         offset = page["next_offset"]
         pages += 1
-    assert pages > 2 and np.array_equal(np.array(ids, dtype=np.int32), expected.tokens)
+    assert pages > 2
+    assert np.array_equal(np.array(ids, dtype=np.int32), expected.tokens)
     assert [s["offset"] for s in page["segments"]] == expected.segment_starts
     assert page["reward"] == latest_score(w)
     past = get(client, keys, f"/v1/nodes/{leaf}/trajectory", offset=10**9)  # past the end: an empty last page
-    assert past["pieces"] == [] and past["next_offset"] is None and past["n_tokens"] == expected.tokens.size
+    assert past["pieces"] == []
+    assert past["next_offset"] is None
+    assert past["n_tokens"] == expected.tokens.size
 
 
 def test_trajectory_of_a_growing_execution(client: TestClient, keys: Keys, pg_store: Store) -> None:
-    from api.api_helpers import small_config
     from sapwood.platform.synthetic import synthetic_execution
+    from tests.support.api_client import small_config
 
     w = synthetic_execution(small_config(7))
     calls = calls_of(w)
@@ -246,21 +270,27 @@ def test_trajectory_of_a_growing_execution(client: TestClient, keys: Keys, pg_st
     pg_store.apply(w.events[:cut])  # running: the second call's output is a leaf for now
     node = calls[1].output_node_id
     first = get(client, keys, f"/v1/nodes/{node}/trajectory")
-    assert first["is_leaf"] and first["n_tokens"] == w.context_length(node)
+    assert first["is_leaf"]
+    assert first["n_tokens"] == w.context_length(node)
     pg_store.apply(w.events[cut:])
     later = get(client, keys, f"/v1/nodes/{node}/trajectory")  # same (cached) path, fresh leaf flag
-    assert not later["is_leaf"] and later["nodes"] == first["nodes"] and later["pieces"] == first["pieces"]
+    assert not later["is_leaf"]
+    assert later["nodes"] == first["nodes"]
+    assert later["pieces"] == first["pieces"]
 
 
 def test_node_detail_tokens_and_logprobs(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
     w = writers[0]
     call = calls_of(w)[3]
     node = get(client, keys, f"/v1/nodes/{call.output_node_id}", offset=1, limit=2)
-    assert node["role"] == "action" and node["call_id"] == call.event_id and node["text"] is None
+    assert node["role"] == "action"
+    assert node["call_id"] == call.event_id
+    assert node["text"] is None
     assert node["token_ids"] == call.output_ids[1:3].tolist()
     assert np.array_equal(np.array(node["logprobs"], dtype=np.float32), call.output_logprobs[1:3])
     assert node["next_offset"] == (3 if call.output_ids.size > 3 else None)
-    assert node["level"] > 0 and node["n_children"] == 1
+    assert node["level"] > 0
+    assert node["n_children"] == 1
     get(client, keys, "/v1/nodes/00000000-0000-4000-8000-000000000000", 404)
     body = get(client, keys, f"/v1/nodes/{call.output_node_id}", 422, limit=10**6)
     assert "SAPWOOD_API_MAX_TOKEN_PAGE" in body["error"]["message"]
@@ -281,8 +311,10 @@ def test_runs_list_rollout_and_training_runs(client: TestClient, keys: Keys, wri
     runs = all_pages(client, keys, "/v1/runs", limit=1)
     by_id = {r["run_id"]: r for r in runs}
     assert [r["run_id"] for r in runs] == ["r-1", "rollout-a"]
-    assert by_id["rollout-a"]["kind"] is None and by_id["rollout-a"]["executions"] == {"success": 2, "timeout": 2}
-    assert by_id["r-1"]["kind"] == "replay" and by_id["r-1"]["progress"]["pending"] == 4
+    assert by_id["rollout-a"]["kind"] is None
+    assert by_id["rollout-a"]["executions"] == {"success": 2, "timeout": 2}
+    assert by_id["r-1"]["kind"] == "replay"
+    assert by_id["r-1"]["progress"]["pending"] == 4
     assert get(client, keys, "/v1/runs/rollout-a")["progress"] is None
     assert get(client, keys, "/v1/runs/nope", 404)["error"]["code"] == "not_found"
 
@@ -295,13 +327,17 @@ def test_stats_counts_tokens_and_dedup(client: TestClient, keys: Keys, writers: 
     assert stats["tree_tokens"] == sum(n.tokens.size for w in writers for n in w.nodes.values())
     naive = sum(c.output_ids.size + w.context_length(c.output_node_id) - c.output_ids.size
                 for w in writers for c in calls_of(w))
-    assert stats["naive_tokens"] == naive and stats["dedup_ratio"] == round(naive / stats["tree_tokens"], 3)
+    assert stats["naive_tokens"] == naive
+    assert stats["dedup_ratio"] == round(naive / stats["tree_tokens"], 3)
     # the system prompt is identical in every execution: stored once
-    assert stats["unique_tokens"] < stats["tree_tokens"] and stats["span_dedup_ratio"] > 1
-    assert stats["ingest_lag"] is None and "SAPWOOD_KAFKA_BOOTSTRAP" in stats["ingest_lag_reason"]
+    assert stats["unique_tokens"] < stats["tree_tokens"]
+    assert stats["span_dedup_ratio"] > 1
+    assert stats["ingest_lag"] is None
+    assert "SAPWOOD_KAFKA_BOOTSTRAP" in stats["ingest_lag_reason"]
     with pg_store.transaction() as conn:
         conn.execute(t.consumer_offsets.insert().values(group_id="g", topic="sapwood.events", partition=0,
                                                         next_offset=5, updated_at=0.0))
     with make_client(pg_store, kafka_bootstrap="127.0.0.1:1", api_lag_timeout_s=1.0) as c:
         stats = c.get("/v1/stats", headers=keys.headers("read")).json()
-    assert stats["ingest_lag"] is None and "unreachable" in stats["ingest_lag_reason"]
+    assert stats["ingest_lag"] is None
+    assert "unreachable" in stats["ingest_lag_reason"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.api_helpers import Keys, TestClient, load_executions
 from sapwood.platform import runs as platform_runs
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, load_executions
 
 
 def post(client: TestClient, keys: Keys, url: str, body: dict[str, Any], expect: int = 201) -> Any:
@@ -34,17 +34,22 @@ def test_replay_runs_are_reproducible(client: TestClient, keys: Keys, pg_store: 
     every = {w.execution_id for w in writers + more}
     a = post(client, keys, "/v1/runs", {"run_id": "replay-a", "seed": 7, "filter": {"run_id": "rollout-a"},
                                         "description": "critic warm-up", "config": {"lr": 1e-5}})
-    assert a["queued"] == 8 and a["kind"] == "replay" and a["progress"] == {"pending": 8, "claimed": 0, "done": 0,
-                                                                             "total": 8}
-    assert a["filter"] == {"run_id": "rollout-a"} and a["config"] == {"lr": 1e-5}
+    assert a["queued"] == 8
+    assert a["kind"] == "replay"
+    assert a["progress"] == {"pending": 8, "claimed": 0, "done": 0,
+                              "total": 8}
+    assert a["filter"] == {"run_id": "rollout-a"}
+    assert a["config"] == {"lr": 1e-5}
     b = post(client, keys, "/v1/runs", {"run_id": "replay-b", "seed": 7, "filter": {"run_id": "rollout-a"}})
     c = post(client, keys, "/v1/runs", {"seed": 8, "filter": {"run_id": "rollout-a"}})
     assert c["run_id"].startswith("replay-")
     order_a = [i["execution_id"] for i in items(client, keys, "replay-a")]
     order_b = [i["execution_id"] for i in items(client, keys, b["run_id"])]
     order_c = [i["execution_id"] for i in items(client, keys, c["run_id"], limit=100)]
-    assert set(order_a) == every and order_a == order_b  # same filter + seed: same executions, same order
-    assert set(order_c) == every and order_c != order_a  # another seed: another order (1 in 8! by chance)
+    assert set(order_a) == every
+    assert order_a == order_b  # same filter + seed: same executions, same order
+    assert set(order_c) == every
+    assert order_c != order_a  # another seed: another order (1 in 8! by chance)
     assert [i["position"] for i in items(client, keys, "replay-a", limit=3)] == list(range(8))
 
 
@@ -64,13 +69,15 @@ def test_run_progress_follows_learner_claims(client: TestClient, keys: Keys, pg_
     run = client.get("/v1/runs/r", headers=keys.headers("read")).json()
     assert run["progress"] == {"pending": 1, "claimed": 2, "done": 1, "total": 4}
     states = {i["execution_id"]: i["state"] for i in items(client, keys, "r")}
-    assert states[claimed[0]] == "done" and sorted(states.values()) == ["claimed", "claimed", "done", "pending"]
+    assert states[claimed[0]] == "done"
+    assert sorted(states.values()) == ["claimed", "claimed", "done", "pending"]
 
 
 def test_duplicate_and_invalid_runs(client: TestClient, keys: Keys, writers: list[ExecutionWriter]) -> None:
     post(client, keys, "/v1/runs", {"run_id": "dup"})
     err = post(client, keys, "/v1/runs", {"run_id": "dup"}, expect=409)
-    assert err["error"]["code"] == "conflict" and "already exists" in err["error"]["message"]
+    assert err["error"]["code"] == "conflict"
+    assert "already exists" in err["error"]["message"]
     for body in ({"run_id": "bad id"}, {"filter": {"nope": 1}}, {"seed": -1}, {"kind": "other"},
                  {"config": {"x": "a\x00b"}}, {"filter": {"task_id": "a\x00"}}):
         err = post(client, keys, "/v1/runs", body, expect=422)
@@ -85,7 +92,8 @@ def test_score_revisions(client: TestClient, keys: Keys, writers: list[Execution
     url = f"/v1/executions/{w.execution_id}/scores"
     s1 = post(client, keys, url, {"score": 0.9, "components": {"tests_passed": 0.9}, "scorer": "rescorer",
                                   "note": "flaky test fixed", "expected_revision": 1})
-    assert s1["revision"] == 1 and s1["scorer"] == "rescorer"
+    assert s1["revision"] == 1
+    assert s1["scorer"] == "rescorer"
     s2 = post(client, keys, url, {"score": 0.95})
     assert s2["revision"] == 2
     err = post(client, keys, url, {"score": 0.1, "expected_revision": 2}, expect=409)
@@ -93,7 +101,8 @@ def test_score_revisions(client: TestClient, keys: Keys, writers: list[Execution
     revisions = client.get(url, headers=keys.headers("read")).json()
     assert [(s["revision"], s["score"]) for s in revisions][1:] == [(1, 0.9), (2, 0.95)]
     ex = client.get(f"/v1/executions/{w.execution_id}", headers=keys.headers("read")).json()
-    assert ex["score"] == 0.95 and ex["score_revision"] == 2
+    assert ex["score"] == 0.95
+    assert ex["score_revision"] == 2
     found = client.get("/v1/executions", headers=keys.headers("read"), params={"min_score": 0.94}).json()["items"]
     assert w.execution_id in {e["execution_id"] for e in found}
     for bad in ({"score": "x"}, {"score": 1.0, "scorer": "s" * 200}, {"score": 1.0, "extra": 1}):
@@ -104,8 +113,8 @@ def test_score_revisions(client: TestClient, keys: Keys, writers: list[Execution
 
 def test_a_running_execution_cannot_be_scored_through_the_api(client: TestClient, keys: Keys,
                                                                pg_store: Store) -> None:
-    from api.api_helpers import small_config
     from sapwood.platform.synthetic import synthetic_execution
+    from tests.support.api_client import small_config
 
     w = synthetic_execution(small_config(3))
     pg_store.apply(w.events[:-1])  # not finished

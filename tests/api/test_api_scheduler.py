@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from api.api_helpers import Keys, TestClient
 from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
 from sapwood.platform.store import Store
+from tests.support.api_client import Keys, TestClient
 
 
 def load_cells(store: Store) -> float:
@@ -26,15 +26,21 @@ def test_cells_listing_with_liveness_and_pages(client: TestClient, keys: Keys, p
     r = client.get("/v1/cells", headers=keys.headers("read"), params={"limit": 3})
     assert r.status_code == 200, r.text
     page = r.json()
-    assert [c["cell_id"] for c in page["items"]] == ["cell-0", "cell-1", "cell-2"] and page["next_cursor"]
+    assert [c["cell_id"] for c in page["items"]] == ["cell-0", "cell-1", "cell-2"]
+    assert page["next_cursor"]
     rest = client.get("/v1/cells", headers=keys.headers("read"), params={"cursor": page["next_cursor"]}).json()
-    assert [c["cell_id"] for c in rest["items"]] == ["cell-3", "cell-4"] and rest["next_cursor"] is None
+    assert [c["cell_id"] for c in rest["items"]] == ["cell-3", "cell-4"]
+    assert rest["next_cursor"] is None
     by_id = {c["cell_id"]: c for c in page["items"] + rest["items"]}
-    assert by_id["cell-3"]["lost"] and not by_id["cell-4"]["lost"]
-    assert by_id["cell-0"]["tier"] == "core" and by_id["cell-4"]["tier"] == "satellite"
+    assert by_id["cell-3"]["lost"]
+    assert not by_id["cell-4"]["lost"]
+    assert by_id["cell-0"]["tier"] == "core"
+    assert by_id["cell-4"]["tier"] == "satellite"
     # cell-1: decision 1 (→ train), decision 6 (→ rollout); cell-2: decision 2 only
-    assert by_id["cell-1"]["role"] == "rollout" and by_id["cell-1"]["role_changes"] == 2
-    assert by_id["cell-2"]["role"] == "rollout" and by_id["cell-2"]["role_changes"] == 1
+    assert by_id["cell-1"]["role"] == "rollout"
+    assert by_id["cell-1"]["role_changes"] == 2
+    assert by_id["cell-2"]["role"] == "rollout"
+    assert by_id["cell-2"]["role_changes"] == 1
 
 
 def test_decisions_answer_why_a_cell_moved(client: TestClient, keys: Keys, pg_store: Store) -> None:
@@ -43,7 +49,9 @@ def test_decisions_answer_why_a_cell_moved(client: TestClient, keys: Keys, pg_st
                    params={"cell_id": "cell-1", "role": "train"})
     assert r.status_code == 200, r.text
     (d,) = r.json()["items"]
-    assert d["reason"] == "decision 1" and d["signals"] == {"rollout_demand": 1} and d["previous_role"] == "rollout"
+    assert d["reason"] == "decision 1"
+    assert d["signals"] == {"rollout_demand": 1}
+    assert d["previous_role"] == "rollout"
     window = client.get("/v1/scheduler/decisions", headers=keys.headers("read"),
                         params={"after": now - 48, "before": now - 45}).json()["items"]
     assert [w["reason"] for w in window] == ["decision 2", "decision 3", "decision 4"]

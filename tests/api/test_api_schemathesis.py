@@ -20,9 +20,9 @@ from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS as REGISTRY
 from schemathesis.checks import load_all_checks
 
-from api.api_helpers import calls_of, load_executions, make_keys
 from sapwood.api import ApiSettings, create_app
 from sapwood.platform.store import Store
+from tests.support.api_client import calls_of, load_executions, make_keys
 
 load_all_checks()
 #: Every check schemathesis has (``--checks all``): no 5xx, documented status codes, content types and

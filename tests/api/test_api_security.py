@@ -10,12 +10,12 @@ import pytest
 import sqlalchemy as sa
 from fastapi.routing import APIRoute
 
-from api.api_helpers import Keys, TestClient, make_client
 from sapwood.api import auth
 from sapwood.api.deps import RequireScope
 from sapwood.platform import schema as t
 from sapwood.platform.errors import StoreError
 from sapwood.platform.store import Store
+from tests.support.api_client import Keys, TestClient, make_client
 
 #: Routes that answer without a key. Everything else must refuse requests without the right scope.
 PUBLIC = {"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/ui", "/ui/features.json"}
@@ -138,13 +138,15 @@ def test_keys_are_stored_as_sha256_and_compared_in_constant_time(client: TestCli
     assert r.status_code == 201, r.text
     created = r.json()
     key_id, secret = created["key"].split(".")
-    assert key_id == created["key_id"] and created["scopes"] == ["read"]
+    assert key_id == created["key_id"]
+    assert created["scopes"] == ["read"]
     with pg_store.transaction() as conn:
         row = conn.execute(sa.select(t.api_keys).where(t.api_keys.c.key_id == key_id)).mappings().one()
     assert bytes(row["secret_hash"]) == hashlib.sha256(secret.encode()).digest()
     assert secret not in str(dict(row))
     listed = client.get("/v1/keys", headers=keys.headers("admin")).json()["items"]
-    assert "key" not in listed[0] and "secret_hash" not in listed[0]
+    assert "key" not in listed[0]
+    assert "secret_hash" not in listed[0]
     calls: list[tuple[bytes, bytes]] = []
     real = auth.hmac.compare_digest
 
@@ -163,7 +165,8 @@ def test_revocation(client: TestClient, pg_store: Store, keys: Keys) -> None:
     key_id = key.split(".")[0]
     assert client.get("/v1/runs", headers={"X-API-Key": key}).status_code == 200
     r = client.delete(f"/v1/keys/{key_id}", headers=keys.headers("admin"))
-    assert r.status_code == 200 and r.json()["revoked"] is True
+    assert r.status_code == 200
+    assert r.json()["revoked"] is True
     assert client.get("/v1/runs", headers={"X-API-Key": key}).status_code == 401
     assert client.delete("/v1/keys/0123456789abcdef", headers=keys.headers("admin")).status_code == 404
     # revoked elsewhere (another worker, the CLI): seen once the key cache entry expires
@@ -179,7 +182,8 @@ def test_request_body_limit(pg_store: Store, keys: Keys) -> None:
     with make_client(pg_store, api_max_body_bytes=1000) as c:
         big = {"run_id": "x", "description": "d" * 1500}
         r = c.post("/v1/runs", headers=keys.headers("write"), json=big)
-        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+        assert r.status_code == 413
+        assert r.json()["error"]["code"] == "payload_too_large"
 
         def chunks() -> Any:  # no Content-Length: the limit applies while reading
             for _ in range(5):
@@ -187,7 +191,8 @@ def test_request_body_limit(pg_store: Store, keys: Keys) -> None:
 
         r = c.post("/v1/runs", headers={**keys.headers("write"), "Content-Type": "application/json"},
                    content=chunks())
-        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+        assert r.status_code == 413
+        assert r.json()["error"]["code"] == "payload_too_large"
         r = c.post("/v1/runs", headers=keys.headers("write"), json={"run_id": "small"})
         assert r.status_code == 201
 
@@ -196,7 +201,8 @@ def test_cors_is_closed_by_default_and_follows_the_allow_list(pg_store: Store, k
     headers = {**keys.headers("read"), "Origin": "https://evil.example"}
     with make_client(pg_store) as c:
         r = c.get("/v1/runs", headers=headers)
-        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+        assert r.status_code == 200
+        assert "access-control-allow-origin" not in r.headers
         pre = c.options("/v1/runs", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"})
         assert "access-control-allow-origin" not in pre.headers
     with make_client(pg_store, api_cors_origins="https://ui.example, https://other.example") as c:
@@ -204,19 +210,23 @@ def test_cors_is_closed_by_default_and_follows_the_allow_list(pg_store: Store, k
         assert ok.headers["access-control-allow-origin"] == "https://ui.example"
         big = c.post("/v1/runs", headers={**keys.headers("write"), "Origin": "https://ui.example"},
                      json={"description": "x" * (2 << 20)})
-        assert big.status_code == 413 and big.headers["access-control-allow-origin"] == "https://ui.example"
+        assert big.status_code == 413
+        assert big.headers["access-control-allow-origin"] == "https://ui.example"
         assert "access-control-allow-origin" not in c.get("/v1/runs", headers=headers).headers
 
 
 def test_errors_are_json_without_internals(client: TestClient, pg_store: Store, keys: Keys,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     r = client.get("/v1/nope", headers=keys.headers("read"))
-    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
     r = client.put("/v1/runs", headers=keys.headers("read"))
-    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.status_code == 405
+    assert r.json()["error"]["code"] == "method_not_allowed"
     r = client.post("/v1/runs", headers={**keys.headers("write"), "Content-Type": "application/json"},
                     content=b"{not json")
-    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "invalid_request"
 
     from sapwood.api.queries import executions as q
 
@@ -225,16 +235,19 @@ def test_errors_are_json_without_internals(client: TestClient, pg_store: Store, 
 
     monkeypatch.setattr(q, "list_runs", boom)
     r = client.get("/v1/runs", headers=keys.headers("read"))
-    assert r.status_code == 500 and r.json() == {"error": {"code": "internal", "message":
-                                                           "internal error; the server log has the details"}}
-    assert "secret" not in r.text and "Traceback" not in r.text
+    assert r.status_code == 500
+    assert r.json() == {"error": {"code": "internal", "message":
+                                  "internal error; the server log has the details"}}
+    assert "secret" not in r.text
+    assert "Traceback" not in r.text
 
     def store_error(*_a: Any, **_k: Any) -> Any:
         raise StoreError("database error: relation secret_table does not exist")
 
     monkeypatch.setattr(q, "list_runs", store_error)
     r = client.get("/v1/runs", headers=keys.headers("read"))
-    assert r.status_code == 500 and "secret_table" not in r.text
+    assert r.status_code == 500
+    assert "secret_table" not in r.text
 
 
 def test_statement_timeout_is_a_503(pg_url: str, keys: Keys, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,10 +263,13 @@ def test_statement_timeout_is_a_503(pg_url: str, keys: Keys, monkeypatch: pytest
     with make_client(slow_store) as c:
         r = c.get("/v1/stats", headers=keys.headers("read"))
     slow_store.close()
-    assert r.status_code == 503 and r.headers["retry-after"] == "1"
-    assert r.json()["error"]["code"] == "store_unavailable" and "statement timeout" in r.json()["error"]["message"]
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "store_unavailable"
+    assert "statement timeout" in r.json()["error"]["message"]
 
 
 def test_health_is_public(client: TestClient) -> None:
     r = client.get("/healthz")
-    assert r.status_code == 200 and r.json() == {"status": "ok", "database": "postgresql"}
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "database": "postgresql"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.live_server import sapwood_serve
+from tests.support.live_server import sapwood_serve
 
 #: Bound on an idle worker's resident memory. With torch loaded (what the ``sapwood`` command's other
 #: sub-commands import) a worker holds 600-800 MB; the API alone measures ~120-160 MB (docs/api-hardening.md).

@@ -62,10 +62,14 @@ def test_response_cache_is_bounded_by_bytes() -> None:
     cache = ResponseCache(400)
     for i in range(5):
         cache.put(i, (b"x" * 100, {}))
-    assert len(cache) == 4 and cache.size_bytes == 400 and cache.get(0) is None and cache.get(4) is not None
+    assert len(cache) == 4
+    assert cache.size_bytes == 400
+    assert cache.get(0) is None
+    assert cache.get(4) is not None
     cache.get(1)
     cache.put(9, (b"y" * 100, {}))
-    assert cache.get(2) is None and cache.get(1) is not None  # least recently used goes first
+    assert cache.get(2) is None
+    assert cache.get(1) is not None  # least recently used goes first
     cache.put("big", (b"z" * 101, {}))  # more than a quarter of the cache: not kept
     assert cache.get("big") is None
 
@@ -78,7 +82,10 @@ def test_lru_keeps_the_most_recently_used_items() -> None:
     lru.put("b", 2)
     assert lru.get("a") == 1
     lru.put("c", 3)
-    assert lru.get("b") is None and lru.get("a") == 1 and lru.get("c") == 3 and len(lru) == 2
+    assert lru.get("b") is None
+    assert lru.get("a") == 1
+    assert lru.get("c") == 3
+    assert len(lru) == 2
     off: LRU[str, int] = LRU(0)
     off.put("a", 1)
     assert off.get("a") is None
@@ -87,10 +94,12 @@ def test_lru_keeps_the_most_recently_used_items() -> None:
 def test_char_tokenizer() -> None:
     assert CharTokenizer().decode([72, 105, -1, 0xD800]) == "Hi\ufffd\ufffd"
     alpha = CharTokenizer("ab\n")
-    assert alpha.decode(alpha.encode("ba\nab")) == "ba\nab" and alpha.decode([5]) == "\ufffd"
+    assert alpha.decode(alpha.encode("ba\nab")) == "ba\nab"
+    assert alpha.decode([5]) == "\ufffd"
     with pytest.raises(ValidationError, match="alphabet"):
         alpha.encode("c")
-    assert load_tokenizer("none") is None and isinstance(load_tokenizer("char"), CharTokenizer)
+    assert load_tokenizer("none") is None
+    assert isinstance(load_tokenizer("char"), CharTokenizer)
     assert isinstance(load_tokenizer("sapwood.api.tokenizer.char_tokenizer"), CharTokenizer)
 
 
@@ -99,7 +108,8 @@ def test_key_parsing() -> None:
     for bad in ("", "nodot", "0123456789abcdef.", "XYZ.secretsecretsecretsecret", "0123456789abcdef.bad secret!"):
         with pytest.raises(AuthenticationError):
             split_key(bad)
-    assert parse_scopes("write read") == ["read", "write"] and parse_scopes(["admin"]) == ["admin"]
+    assert parse_scopes("write read") == ["read", "write"]
+    assert parse_scopes(["admin"]) == ["admin"]
     for bad in ("", "root", "read root"):
         with pytest.raises(ValidationError):
             parse_scopes(bad)
@@ -112,8 +122,11 @@ def test_version_reader_connection_settings_follow_the_url() -> None:
 
     socket_url = sa.create_engine("postgresql+psycopg://u:p@/sapwood?host=/run/postgresql")
     kw = VersionReader(socket_url, statement_timeout_ms=250)._connect_kwargs()
-    assert kw["host"] == "/run/postgresql" and kw["dbname"] == "sapwood" and (kw["user"], kw["password"]) == ("u", "p")
-    assert kw["options"] == "-c statement_timeout=250" and kw["autocommit"] is True
+    assert kw["host"] == "/run/postgresql"
+    assert kw["dbname"] == "sapwood"
+    assert (kw["user"], kw["password"]) == ("u", "p")
+    assert kw["options"] == "-c statement_timeout=250"
+    assert kw["autocommit"] is True
     tcp = VersionReader(sa.create_engine("postgresql+psycopg://db.example:6543/x"), statement_timeout_ms=1)
     assert {k: tcp._connect_kwargs().get(k) for k in ("host", "port", "user")} == {"host": "db.example", "port": 6543,
                                                                                    "user": None}

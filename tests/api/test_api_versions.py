@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from api.api_helpers import Keys, TestClient, make_client
 from sapwood.api.deps import Services
 from sapwood.api.versions import LISTENER_NAME, VersionMap, VersionReader, parse_payload
 from sapwood.platform.events import PartialScore
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, make_client
 
 EID = "00000000-0000-4000-8000-000000000001"
 
@@ -91,7 +91,8 @@ def test_cached_tree_follows_another_writer_without_queries(client: TestClient, 
     wait_for(lambda: tree(client, keys, eid)[0] != before)
     after, state = tree(client, keys, eid)
     assert after["execution"]["last_seq"] == before["execution"]["last_seq"] + 1
-    assert after["scores"][-1]["score"] == 0.75 and state == "hit"
+    assert after["scores"][-1]["score"] == 0.75
+    assert state == "hit"
     assert asked == []
 
 
@@ -121,8 +122,10 @@ def test_lost_listener_falls_back_to_queries_and_reconnects(client: TestClient, 
     asked = count_queries(reader, monkeypatch)
     pg_store.apply([score_event(pg_store, eid, 0.5)])  # no notification reaches this worker now
     second, state = tree(client, keys, eid)  # the version is queried: the change shows at once
-    assert second["execution"]["last_seq"] == first["execution"]["last_seq"] + 1 and state == "miss"
-    assert tree(client, keys, eid) == (second, "hit") and asked == [eid, eid]
+    assert second["execution"]["last_seq"] == first["execution"]["last_seq"] + 1
+    assert state == "miss"
+    assert tree(client, keys, eid) == (second, "hit")
+    assert asked == [eid, eid]
 
     wait_for(lambda: reader.map.live and reader.connects == 2, timeout_s=5.0)
     pg_store.apply([score_event(pg_store, eid, 0.25)])
@@ -141,7 +144,8 @@ def test_without_the_trigger_versions_are_queried(keys: Keys, pg_store: Store,
         pg_store.apply([score_event(pg_store, eid, 0.5)])
         after, _ = tree(client, keys, eid)
         assert after["execution"]["last_seq"] == before["execution"]["last_seq"] + 1
-        assert not reader.map.live and reader.connects == 0
+        assert not reader.map.live
+        assert reader.connects == 0
 
 
 def test_shutdown_closes_the_listener(keys: Keys, pg_store: Store, writers: list[ExecutionWriter]) -> None:
@@ -154,7 +158,8 @@ def test_shutdown_closes_the_listener(keys: Keys, pg_store: Store, writers: list
         reader = services(client).versions
         wait_for(lambda: reader.map.live)
         assert listeners() == 1
-    assert not reader.map.live and reader._listener is None
+    assert not reader.map.live
+    assert reader._listener is None
     wait_for(lambda: listeners() == 0)
 
 
@@ -168,14 +173,16 @@ def test_sqlite_never_pushes(tmp_path: Any) -> None:
 def test_map_is_used_only_while_live() -> None:
     m = VersionMap()
     m.notified(EID, 3)
-    assert m.get(EID) is None and m.token() is None
+    assert m.get(EID) is None
+    assert m.token() is None
     m.learn(EID, 3, m.token())
     assert len(m) == 0
     m.connected()
     m.notified(EID, 3)
     assert m.get(EID) == 3
     m.disconnected()
-    assert m.get(EID) is None and len(m) == 0
+    assert m.get(EID) is None
+    assert len(m) == 0
     m.connected()
     assert m.get(EID) is None, "a reconnect starts empty: notifications may have been missed meanwhile"
 
@@ -214,7 +221,9 @@ def test_full_map_is_cleared_and_invalidates_queries_in_flight() -> None:
     m.notified("b", 2)  # an update of a known entry does not count
     assert len(m) == 2
     m.notified("c", 1)
-    assert len(m) == 1 and m.get("c") == 1 and m.get("a") is None
+    assert len(m) == 1
+    assert m.get("c") == 1
+    assert m.get("a") is None
     m.learn("a", 0, token)  # its answer might predate a notification that the clear dropped
     assert m.get("a") is None
 
@@ -222,4 +231,5 @@ def test_full_map_is_cleared_and_invalidates_queries_in_flight() -> None:
 def test_payloads() -> None:
     assert parse_payload(f"{EID} 12") == (EID, 12)
     assert parse_payload(f"{EID.upper()} 12") == (EID, 12)
-    assert parse_payload("nonsense") is None and parse_payload(f"{EID} x") is None
+    assert parse_payload("nonsense") is None
+    assert parse_payload(f"{EID} x") is None

@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
-from api.api_helpers import calls_of, load_executions
-from api.live_server import sapwood_serve, serve_in_thread
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.auth import create_key
 from sapwood.platform import runs
 from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import calls_of, load_executions
+from tests.support.live_server import sapwood_serve, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where screenshots go: ``SAPWOOD_UI_SCREENSHOTS=docs`` refreshes the README's; by default a temp dir.
@@ -190,7 +190,9 @@ def test_the_tree_of_a_three_segment_execution_with_forks(page: Page, served: Se
     w = served.writers[1]
     tree = served.api(f"/v1/executions/{w.execution_id}/tree")
     ex = tree["execution"]
-    assert ex["n_segments"] == 3 and ex["n_forks"] >= 1 and ex["status"] == "timeout"
+    assert ex["n_segments"] == 3
+    assert ex["n_forks"] >= 1
+    assert ex["status"] == "timeout"
     login(page, served)
     page.wait_for_selector("text=rollout-a")
     goto(page, served, f"#/execution/{w.execution_id}")
@@ -248,7 +250,8 @@ def test_a_bad_key_shows_the_error(page: Page, served: Served) -> None:
         login(page, served, bad)
         page.wait_for_selector("#login-error:not(:empty)")
         assert expected in page.text_content("#login-error")
-        assert page.is_visible("#login") and page.locator("#main *").count() == 0
+        assert page.is_visible("#login")
+        assert page.locator("#main *").count() == 0
         assert page.evaluate("sessionStorage.getItem('sapwood.apiKey')") is None
     shot(page, "bad-key")
 
@@ -267,7 +270,8 @@ def test_decoded_markup_is_shown_as_text_never_run(page: Page, served: Served) -
     assert page.locator("main script, main img, main b, main i").count() == 0
     goto(page, served, "#/executions?run_id=hostile")
     assert "<i>task</i>" in page.text_content("main table")
-    assert page.locator("main i").count() == 0 and page.evaluate("window.__xss") is None
+    assert page.locator("main i").count() == 0
+    assert page.evaluate("window.__xss") is None
     shot(page, "escaped")
 
 
@@ -299,11 +303,14 @@ def test_the_scheduler_panel_shows_cells_and_decisions(browser: Browser, served:
         tab.goto(base + "/ui/#/scheduler")
         tab.wait_for_function("h => document.body.dataset.rendered === h", arg="#/scheduler")
         cells_text = tab.text_content("#panel-cells")
-        assert "rollout-a" in cells_text and "train-b" in cells_text
+        assert "rollout-a" in cells_text
+        assert "train-b" in cells_text
         assert tab.locator("#panel-cells tbody tr").count() == 2
         decisions_text = tab.text_content("#panel-decisions")
-        assert "<b>busy</b> learner" in decisions_text and "backlog_tokens" in decisions_text
-        assert tab.locator("#panel-decisions tbody tr").count() == 1 and tab.locator("#panel-decisions b").count() == 0
+        assert "<b>busy</b> learner" in decisions_text
+        assert "backlog_tokens" in decisions_text
+        assert tab.locator("#panel-decisions tbody tr").count() == 1
+        assert tab.locator("#panel-decisions b").count() == 0
         SHOTS.mkdir(parents=True, exist_ok=True)
         tab.screenshot(path=str(SHOTS / "ui-scheduler.png"))
     context.close()

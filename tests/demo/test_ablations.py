@@ -18,10 +18,15 @@ def test_every_ablation_names_known_arms_and_arms_keep_the_callers_settings() ->
     unit = ARMS["fork task, unit weights"](base)
     path = ARMS["fork task, path weights"](base)
     assert (unit.fork_weighting, path.fork_weighting) == ("unit", "path")
-    assert unit.task == path.task and unit.task.policy_forks == 2 and unit.task.fork_prob == 0.0
-    assert unit.pretrain.noise.fork_action == 0.15 and unit.pretrain.max_clean_steps == 3 and unit.executions == 7
+    assert unit.task == path.task
+    assert unit.task.policy_forks == 2
+    assert unit.task.fork_prob == 0.0
+    assert unit.pretrain.noise.fork_action == 0.15
+    assert unit.pretrain.max_clean_steps == 3
+    assert unit.executions == 7
     seg = ARMS["segment task, segment-mean loss"](base)
-    assert seg.aggregation == "segment_mean" and seg.task.context_limit == SEGMENT_TASK.context_limit
+    assert seg.aggregation == "segment_mean"
+    assert seg.task.context_limit == SEGMENT_TASK.context_limit
     assert ARMS["segment task, token-level loss"](base).aggregation == "token"
 
 
@@ -43,12 +48,15 @@ def test_the_segment_task_gives_executions_of_1_to_5_segments() -> None:
     env = KeyRecallEnv(SEGMENT_TASK)
     clean = DemoNoise(wrong_action=0.0, invalid_action=0.0, summary_substitute=0.0, summary_truncate=0.0)
     counts = [_segments_and_forks(env, clean, s)[0] for s in range(200)]
-    assert min(counts) == 1 and max(counts) == 5
-    assert sum(c == 1 for c in counts) > 10 and sum(c >= 4 for c in counts) > 30
+    assert min(counts) == 1
+    assert max(counts) == 5
+    assert sum(c == 1 for c in counts) > 10
+    assert sum(c >= 4 for c in counts) > 30
 
 
 def test_the_fork_task_demonstrator_forks_often() -> None:
     cfg = ARMS["fork task, path weights"](DemoConfig())
     env = KeyRecallEnv(cfg.task)
     forks = [_segments_and_forks(env, cfg.pretrain.noise, s)[1] for s in range(200)]
-    assert np.mean([f > 0 for f in forks]) > 0.6 and max(forks) == 2
+    assert np.mean([f > 0 for f in forks]) > 0.6
+    assert max(forks) == 2

@@ -23,16 +23,20 @@ def test_demonstrations_supervise_exactly_the_model_outputs() -> None:
             supervised = [t for t, m in zip(tokens, mask, strict=True) if m]
             if SUM_REQ in tokens:  # a summary: everything after the request, ending with SUM_END
                 req = tokens.index(SUM_REQ)
-                assert all(mask[req + 1 :]) and tokens[-1] == SUM_END
-            assert supervised and not any(mask[: c.max_key + 4])  # the prompt is never supervised
+                assert all(mask[req + 1 :])
+                assert tokens[-1] == SUM_END
+            assert supervised
+            assert not any(mask[: c.max_key + 4])  # the prompt is never supervised
         assert len(seqs) == 1 + sum(SUM_REQ in t for t, _ in seqs)
 
 
 def test_packing_keeps_sequences_apart() -> None:
     tokens, position, attn, target, loss_mask = pack_sequences([([1, 2, 3], [False, True, True]),
                                                                 ([4, 5], [False, True])])
-    assert tokens.tolist() == [1, 2, 3, 4, 5] and position.tolist() == [0, 1, 2, 0, 1]
-    assert target.tolist() == [2, 3, 0, 5, 0] and loss_mask.tolist() == [True, True, False, True, False]
+    assert tokens.tolist() == [1, 2, 3, 4, 5]
+    assert position.tolist() == [0, 1, 2, 0, 1]
+    assert target.tolist() == [2, 3, 0, 5, 0]
+    assert loss_mask.tolist() == [True, True, False, True, False]
     expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]],
                             dtype=torch.bool)
     assert torch.equal(attn, expected)
@@ -48,8 +52,11 @@ def test_two_phases_and_a_lower_loss() -> None:
     seen: list[tuple[int, int]] = []
     result = pretrain(model, env, PretrainConfig(max_clean_steps=12, min_clean_steps=0, noisy_steps=3, batch_size=4),
                       on_step=lambda step, loss, planned: seen.append((step, planned)))
-    assert result.clean_steps == 12 and not result.converged and len(result.losses) == 15
-    assert seen[0] == (0, 15) and seen[-1] == (14, 15)
+    assert result.clean_steps == 12
+    assert not result.converged
+    assert len(result.losses) == 15
+    assert seen[0] == (0, 15)
+    assert seen[-1] == (14, 15)
     assert min(result.losses[:12]) < result.losses[0]
     for before, after in zip(critic_before, model.critic_parameters(), strict=True):
         assert torch.equal(before, after)  # only the actor is pre-trained

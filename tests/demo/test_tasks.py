@@ -61,12 +61,16 @@ def test_prompt_layout_and_tool_observations() -> None:
     rng = np.random.default_rng(0)
 
     obs = env.act(state, [c.symbol(3)], rng)  # right
-    assert obs[0] == OK and obs[-1] == c.symbol(3) and len(obs) == c.observation_tokens
+    assert obs[0] == OK
+    assert obs[-1] == c.symbol(3)
+    assert len(obs) == c.observation_tokens
     assert all(c.noise_base <= t < c.vocab_size for t in obs[1:-1])
     obs = env.act(state, [c.symbol(7)], rng)  # wrong: the slot is used up, ref names the right symbol
-    assert obs[0] == WRONG and obs[-1] == c.symbol(1)
+    assert obs[0] == WRONG
+    assert obs[-1] == c.symbol(1)
     obs = env.act(state, [SUM_END], rng)  # not a symbol: invalid, no progress
-    assert obs[0] == INVALID and obs[-1] == c.symbol(1)
+    assert obs[0] == INVALID
+    assert obs[-1] == c.symbol(1)
     assert (state.slot, state.correct, state.turns, state.invalid) == (2, 1, 3, 1)
     assert env.score(state) == pytest.approx(1 / 6)
 
@@ -89,10 +93,13 @@ def test_compaction_keeps_only_the_summary() -> None:
     assert env.summary_input(state)[-1] == SUM_REQ
     rest = list(task.key[state.slot :])
     new = env.compact(state, [*rest, SUM_END, c.symbol(0)])  # tokens after SUM_END are dropped
-    assert new[:3] == [BOS, CONT, MEM_OPEN] and new[-1] == MEM_CLOSE
+    assert new[:3] == [BOS, CONT, MEM_OPEN]
+    assert new[-1] == MEM_CLOSE
     assert new[3 : 3 + len(rest)] == rest
     assert not set(task.key[: len(task.key) - len(rest)]) & set(new)  # emitted symbols are gone
-    assert state.segment == 1 and state.cursor == 0 and state.visible == rest
+    assert state.segment == 1
+    assert state.cursor == 0
+    assert state.visible == rest
 
 
 def test_clean_demonstrator_solves_every_key_within_budget_from_its_context_only() -> None:
@@ -104,7 +111,8 @@ def test_clean_demonstrator_solves_every_key_within_budget_from_its_context_only
         if k <= c.max_turns:
             assert (score, timed_out) == (1.0, False)
         else:  # longer keys always run out of turns: graded by partial progress
-            assert timed_out and score == pytest.approx(c.max_turns / k)
+            assert timed_out
+            assert score == pytest.approx(c.max_turns / k)
         assert compactions >= (1 if k > 6 else 0)
 
 
@@ -157,11 +165,13 @@ def test_fork_is_an_action_only_where_the_task_allows_it() -> None:
     rng = np.random.default_rng(0)
     plain = KeyRecallEnv()
     state = plain.reset(plain.sample_task(rng))
-    assert plain.act(state, [FORK], rng)[0] == INVALID and state.forks == 0
+    assert plain.act(state, [FORK], rng)[0] == INVALID
+    assert state.forks == 0
     env = KeyRecallEnv(KeyRecallConfig(policy_forks=1))
     state = env.reset(env.sample_task(rng))
     obs = env.act(state, [FORK], rng)
-    assert obs[0] == FORK and obs[-1] == NONE  # nothing graded yet
+    assert obs[0] == FORK
+    assert obs[-1] == NONE  # nothing graded yet
     assert (state.turns, state.slot, state.forks, state.invalid) == (1, 0, 1, 0)  # a turn used, no slot
     assert env.act(state, [FORK], rng)[0] == INVALID  # no forks left on this trajectory
     assert not env.can_fork(state)
@@ -176,7 +186,8 @@ def test_the_demonstrator_forks_at_its_fork_rate() -> None:
     for _ in range(3):
         actions.append(teacher_action(env, state, always, rng))
         env.act(state, [actions[-1]], rng)
-    assert actions[:2] == [FORK, FORK] and actions[2] == state.task.key[0]
+    assert actions[:2] == [FORK, FORK]
+    assert actions[2] == state.task.key[0]
     never = KeyRecallEnv(KeyRecallConfig(policy_forks=0))
     s2 = never.reset(state.task)
     assert teacher_action(never, s2, always, rng) != FORK

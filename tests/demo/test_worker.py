@@ -115,7 +115,8 @@ def test_summaries_are_trainable_and_frozen_summaries_are_not(store: Store) -> N
     batch, used = build_batch(store, ids, SourceConfig())
     assert used == ids
     summary = batch.role == SUMMARY
-    assert int(summary.sum()) > 0 and bool(batch.trainable[summary].all())
+    assert int(summary.sum()) > 0
+    assert bool(batch.trainable[summary].all())
     assert int((batch.segment_parent >= 0).sum()) == sum(r.compactions for r in reports)
     frozen, _ = build_batch(store, ids, SourceConfig(train_summaries=False))
     assert not bool(frozen.trainable[frozen.role == SUMMARY].any())
@@ -133,7 +134,8 @@ def test_timeouts_carry_partial_scores(store: Store) -> None:
     for r in reports:
         row = rows[r.execution_id]
         assert row.status == "timeout"
-        assert row.score == pytest.approx(r.partial_score) and row.reward == pytest.approx(r.partial_score)
+        assert row.score == pytest.approx(r.partial_score)
+        assert row.reward == pytest.approx(r.partial_score)
         assert 0.0 < row.score < 1.0  # partial progress is worth something, not 0
     for _, score, components in scores:
         assert score == pytest.approx(components["slots_correct"] / components["key_slots"])
@@ -186,7 +188,8 @@ def test_invalid_actions_waste_turns() -> None:
     state = env.reset(env.sample_task(rng))
     for _ in range(env.config.max_turns):
         assert env.act(state, [PAD], rng)[0] == INVALID
-    assert env.timed_out(state) and env.score(state) == 0.0
+    assert env.timed_out(state)
+    assert env.score(state) == 0.0
 
 
 def test_worker_thread_runs_until_stopped_and_respects_its_gate(store: Store) -> None:
@@ -203,7 +206,9 @@ def test_worker_thread_runs_until_stopped_and_respects_its_gate(store: Store) ->
         deadline -= 1
     worker.stop()
     worker.join(timeout=10)
-    assert not worker.is_alive() and len(reports) == 5 and worker.waited_s > 0
+    assert not worker.is_alive()
+    assert len(reports) == 5
+    assert worker.waited_s > 0
     recorder.close()
     assert sum(store.stats()["executions"].values()) == 5
 

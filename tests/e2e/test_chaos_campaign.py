@@ -16,7 +16,8 @@ CHAOS = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 
 def _chaos() -> ModuleType:
     spec = importlib.util.spec_from_file_location("sapwood_bench_chaos", CHAOS)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -32,10 +33,14 @@ def test_short_campaign_loses_and_duplicates_nothing(pg_url: str, kafka_bootstra
     figures = report.figures()
     assert [r.fault for r in report.rounds] == ["kill", "zombie", "terminate", "poison"]
     assert all(r.recovery_s is not None for r in report.rounds), figures
-    assert report.acked > 100 and report.lost == 0 and report.duplicated == 0 and report.unexpected == 0, figures
+    assert report.acked > 100, figures
+    assert report.lost == 0, figures
+    assert report.duplicated == 0, figures
+    assert report.unexpected == 0, figures
     assert report.dead_letters_expected == report.dead_letters_got, figures
     assert len(report.dead_letters_expected) >= 12, "poison of every kind"
-    assert report.calls_checked > 50 and report.calls_exact == report.calls_checked
+    assert report.calls_checked > 50
+    assert report.calls_exact == report.calls_checked
     assert report.projection_equal
     assert report.clean_shutdowns == report.shutdowns == 2, (figures, [p.read_text()[-3000:] for p in
                                                                        tmp_path.glob("*.log")])
@@ -44,7 +49,7 @@ def test_short_campaign_loses_and_duplicates_nothing(pg_url: str, kafka_bootstra
 
 def test_campaign_round_with_a_broker_restart(pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     """The broker fault: the test broker restarted while the producer writes and two ingest processes read."""
-    from support.services import ServicesUnavailable, load_state, restart_kafka
+    from tests.support.services import ServicesUnavailable, load_state, restart_kafka
 
     try:
         load_state()
@@ -56,6 +61,10 @@ def test_campaign_round_with_a_broker_restart(pg_url: str, kafka_bootstrap: str,
     report = chaos.run_campaign(cfg, progress=lambda _msg: None)
     figures = report.figures()
     assert all(r.recovery_s is not None for r in report.rounds), figures
-    assert report.acked > 50 and report.lost == 0 and report.duplicated == 0 and report.unexpected == 0, figures
-    assert report.calls_exact == report.calls_checked and report.projection_equal, figures
+    assert report.acked > 50, figures
+    assert report.lost == 0, figures
+    assert report.duplicated == 0, figures
+    assert report.unexpected == 0, figures
+    assert report.calls_exact == report.calls_checked, figures
+    assert report.projection_equal, figures
     assert not report.dead_letters_got, figures

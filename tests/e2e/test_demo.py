@@ -55,19 +55,23 @@ def check_store_matches_workers(result: DemoResult) -> None:
                 sa.select(t.policy_versions.c.version).where(t.policy_versions.c.run_id == result.train_run))]
             call_versions = {r.call_id: r.policy_version for r in conn.execute(sa.select(t.calls))}
         assert set(rows) == {r.execution_id for r in result.reports}
-        assert versions and min(versions) == 0 and max(versions) == result.summary["policy_version"]
+        assert versions
+        assert min(versions) == 0
+        assert max(versions) == result.summary["policy_version"]
         for call in calls:  # the version that served each call is what the store says
             assert call_versions[call.call_id] == call.policy_version
         timeouts = [r for r in result.reports if r.status == "timeout"]
         assert timeouts, "the demo should produce timed-out executions"
         for r in timeouts:
             row = rows[r.execution_id]
-            assert row.status == "timeout" and row.score is not None
+            assert row.status == "timeout"
+            assert row.score is not None
             assert row.reward == pytest.approx(row.score) == pytest.approx(r.partial_score)
         with_summary = [r.execution_id for r in result.reports if r.summary_calls][:8]
         batch, _ = build_batch(store, with_summary, SourceConfig())
         summary = batch.role == SUMMARY
-        assert int(summary.sum()) > 0 and bool(batch.trainable[summary].all())
+        assert int(summary.sum()) > 0
+        assert bool(batch.trainable[summary].all())
         assert store.stats()["compactions"] >= sum(r.compactions for r in result.reports)
     finally:
         store.close()
@@ -85,19 +89,24 @@ def test_fixed_seed_run_improves_mean_reward(embedded: DemoResult) -> None:
 
 def test_run_reports_its_figures(embedded: DemoResult) -> None:
     s = embedded.summary
-    assert s["executions"] == EMBEDDED.executions and not s["time_capped"]
+    assert s["executions"] == EMBEDDED.executions
+    assert not s["time_capped"]
     assert s["trained_executions"] == s["executions"]  # every rollout trained exactly once
-    assert s["compactions"] > 0 and s["forks"] > 0 and s["timeouts"] > 0
+    assert s["compactions"] > 0
+    assert s["forks"] > 0
+    assert s["timeouts"] > 0
     assert 0.0 < s["timeout_partial_score_mean"] < 1.0
     assert s["dedup_ratio"] > 1.5  # forks and growing contexts share prefixes
     assert 0.0 < s["staleness_mean"] <= s["staleness_max"] <= EMBEDDED.max_backlog
     assert s["learner_steps"] >= s["policy_version"] > 10
     for name in ("reward.png", "lag.png", "summary.json", "learner_metrics.jsonl"):
         path = embedded.out_dir / name
-        assert path.exists() and path.stat().st_size > 0
+        assert path.exists()
+        assert path.stat().st_size > 0
     assert json.loads((embedded.out_dir / "summary.json").read_text())["reward_end"] == s["reward_end"]
     ckpts = sorted((embedded.out_dir / "checkpoints").glob("policy-v*.pt"))
-    assert ckpts[0].name == "policy-v000000.pt" and len(ckpts) <= EMBEDDED.keep_checkpoints + 1
+    assert ckpts[0].name == "policy-v000000.pt"
+    assert len(ckpts) <= EMBEDDED.keep_checkpoints + 1
 
 
 def test_demo_over_postgresql_and_kafka(pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -107,7 +116,8 @@ def test_demo_over_postgresql_and_kafka(pg_url: str, kafka_bootstrap: str, tmp_p
     result = run_demo(cfg)
     s = result.summary
     assert (s["store"], s["transport"]) == ("postgresql", "kafka")
-    assert s["executions"] == 24 and s["trained_executions"] == 24
+    assert s["executions"] == 24
+    assert s["trained_executions"] == 24
     check_store_matches_workers(result)
     store = Store.open(pg_url)
     try:
@@ -127,7 +137,9 @@ def test_cli_prints_a_json_line_last(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     line = json.loads(result.stdout.strip().splitlines()[-1])
-    assert line["executions"] == 8 and line["seed"] == 3 and len(line["plots"]) == 2
+    assert line["executions"] == 8
+    assert line["seed"] == 3
+    assert len(line["plots"]) == 2
     bad = CliRunner().invoke(app, ["demo", "--loss", "mean", "--quiet"])
     assert bad.exit_code != 0
 
@@ -150,13 +162,14 @@ def test_cli_ablation_prints_both_arms_and_a_verdict(tmp_path: Path) -> None:
     assert [a["train_summaries"] for a in (line["arms"]["baseline"][0], line["arms"]["frozen summarizer"][0])] == [
         True, False]
     (verdict,) = line["comparisons"]
-    assert verdict["arm"] == "frozen summarizer" and "55.5" in verdict["source"]
+    assert verdict["arm"] == "frozen summarizer"
+    assert "55.5" in verdict["source"]
     assert isinstance(verdict["direction_reproduced"], bool)
 
 
 def test_demo_with_the_megatron_backend(tmp_path: Path) -> None:
     """The learner on megatron-core: its checkpoints are served by the workers, reward reported at both ends."""
-    from support.megatron_ranks import require_megatron
+    from tests.support.megatron_ranks import require_megatron
 
     require_megatron()
     from sapwood.platform.cli import app
@@ -167,14 +180,21 @@ def test_demo_with_the_megatron_backend(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     s = json.loads(result.stdout.strip().splitlines()[-1])
-    assert s["backend"] == "megatron" and s["executions"] == 24 and not s["time_capped"]
-    assert s["trained_executions"] == 24 and s["worker_errors"] == 0
-    assert s["policy_version"] >= 1 and s["learner_steps"] > 4  # past the 4 critic warm-up steps
-    assert 0.0 <= s["reward_start"] <= 1.0 and 0.0 <= s["reward_end"] <= 1.0
+    assert s["backend"] == "megatron"
+    assert s["executions"] == 24
+    assert not s["time_capped"]
+    assert s["trained_executions"] == 24
+    assert s["worker_errors"] == 0
+    assert s["policy_version"] >= 1
+    assert s["learner_steps"] > 4  # past the 4 critic warm-up steps
+    assert 0.0 <= s["reward_start"] <= 1.0
+    assert 0.0 <= s["reward_end"] <= 1.0
     ckpts = sorted((tmp_path / "checkpoints").glob("policy-v*.pt"))
-    assert len(ckpts) >= 2 and torch.load(ckpts[-1], weights_only=False)["backend"]["backend_kind"] == "megatron"
+    assert len(ckpts) >= 2
+    assert torch.load(ckpts[-1], weights_only=False)["backend"]["backend_kind"] == "megatron"
     bad = CliRunner().invoke(app, ["demo", "--backend", "jax", "--quiet"])
-    assert bad.exit_code != 0 and "backend must be one of" in bad.output
+    assert bad.exit_code != 0
+    assert "backend must be one of" in bad.output
 
 
 def test_cli_fork_ablation_runs_both_weightings_on_the_forking_task(tmp_path: Path) -> None:
@@ -183,5 +203,6 @@ def test_cli_fork_ablation_runs_both_weightings_on_the_forking_task(tmp_path: Pa
     assert list(arms) == ["fork task, path weights", "fork task, unit weights"]
     assert [a[0]["fork_weighting"] for a in arms.values()] == ["path", "unit"]
     (verdict,) = line["comparisons"]
-    assert verdict["reference"] == "fork task, path weights" and verdict["arm"] == "fork task, unit weights"
+    assert verdict["reference"] == "fork task, path weights"
+    assert verdict["arm"] == "fork task, unit weights"
     assert len(verdict["arm_eval_forks_end"]) == 1

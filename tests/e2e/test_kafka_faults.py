@@ -14,7 +14,10 @@ import time
 from functools import partial
 from pathlib import Path
 
-from ingest.ingest_helpers import (
+from sapwood.platform.store import Store
+from sapwood.platform.synthetic import SynthConfig, synthetic_execution
+from sapwood.rollout import KafkaTransport
+from tests.support.kafka_ingest import (
     IngestProcess,
     Ledger,
     caught_up,
@@ -24,9 +27,6 @@ from ingest.ingest_helpers import (
     unique,
     wait_until,
 )
-from sapwood.platform.store import Store
-from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from sapwood.rollout import KafkaTransport
 
 SMALL = SynthConfig(calls=12, forks=1, fork_depth=2, segments=2, obs_min=5, obs_max=60, out_min=3, out_max=30,
                     system_tokens=30, task_tokens=10, summary_tokens=8, vocab_size=500)
@@ -104,7 +104,8 @@ def test_ingest_killed_repeatedly_loses_and_duplicates_nothing(pg_url: str, kafk
     finally:
         proc.ensure_dead()
     assert kills >= 3
-    assert producer.garbage >= 1 and not producer.ledger.failed
+    assert producer.garbage >= 1
+    assert not producer.ledger.failed
     check_exactly_once(store, producer.ledger.acked, bootstrap=kafka_bootstrap, topic=topic, group=group,
                        dead_letters=producer.garbage)
 
@@ -135,6 +136,7 @@ def test_second_ingest_joins_and_leaves_during_the_stream(pg_url: str, kafka_boo
         first.ensure_dead()
         second.ensure_dead()
     summary = re.search(r"ingest stopped: (\d+) events", (tmp_path / "second.log").read_text())
-    assert summary and int(summary.group(1)) > 0, "the second process took part of the work"
+    assert summary, "the second process took part of the work"
+    assert int(summary.group(1)) > 0, "the second process took part of the work"
     check_exactly_once(store, producer.ledger.acked, bootstrap=kafka_bootstrap, topic=topic, group=group,
                        dead_letters=producer.garbage)

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from ingest.ingest_helpers import (
+from sapwood.platform import schema as t
+from sapwood.platform.store import Store
+from sapwood.rollout import KafkaTransport, Recorder
+from tests.support.kafka_ingest import (
     Agent,
     Ledger,
     caught_up,
@@ -23,9 +26,6 @@ from ingest.ingest_helpers import (
     running_ingest,
     wait_until,
 )
-from sapwood.platform import schema as t
-from sapwood.platform.store import Store
-from sapwood.rollout import KafkaTransport, Recorder
 
 
 def _record_in_threads(recorder: Recorder, n_threads: int, per_thread: int, *, pause_s: float = 0.0,
@@ -84,18 +84,20 @@ def test_recorded_executions_materialize_with_exact_inputs(pg_url: str, kafka_bo
         recorder.close(60)
         assert not errors, errors
         wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 60, "ingest to catch up")
-        assert service.stats.dead_letters == 0 and service.stats.duplicates == 0
+        assert service.stats.dead_letters == 0
+        assert service.stats.duplicates == 0
     assert len(inputs) >= 6 * 14
     _check_store(store, inputs, statuses)
     stats = store.stats()
-    assert stats["fork_points"] == 6 and stats["compactions"] == 6
+    assert stats["fork_points"] == 6
+    assert stats["compactions"] == 6
     assert stats["executions"] == {"success": 4, "timeout": 2}
     assert stats["dedup_ratio"] > 1.5, "calls share their prefixes in the tree"
     check_exactly_once(store, ledger.acked, bootstrap=kafka_bootstrap, topic=topic, group=config.group)
 
 
 def test_broker_restart_while_recording(pg_url: str, kafka_bootstrap: str) -> None:
-    from support.services import ServicesUnavailable, load_state, restart_kafka
+    from tests.support.services import ServicesUnavailable, load_state, restart_kafka
 
     try:
         load_state()

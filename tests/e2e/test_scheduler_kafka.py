@@ -7,7 +7,6 @@ import time
 
 import sqlalchemy as sa
 
-from ingest.ingest_helpers import caught_up, create_topic, ingest_config, running_ingest, wait_until
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFinished
@@ -16,7 +15,8 @@ from sapwood.rollout import KafkaTransport
 from sapwood.scheduler.live_loop import SchedulerLoop
 from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader
 from sapwood.scheduler.policies import ElasticPolicy
-from support.histories import small_execution
+from tests.support.histories import small_execution
+from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, running_ingest, wait_until
 
 
 def test_decisions_through_kafka_and_ingest(pg_url: str, kafka_bootstrap: str) -> None:
@@ -39,11 +39,13 @@ def test_decisions_through_kafka_and_ingest(pg_url: str, kafka_bootstrap: str) -
     loop = SchedulerLoop(reader.read, ElasticPolicy(min_dwell_s=0), transport)
     try:
         before = reader.read()
-        assert before.ingest_lag_total == 8 and before.cells == ()  # nothing ingested yet: all of it is lag
+        assert before.ingest_lag_total == 8
+        assert before.cells == ()  # nothing ingested yet: all of it is lag
         with running_ingest(config):
             wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 60, "cells ingested")
             first = loop.tick()
-            assert first.signals.ingest_lag_total == 0 and len(first.signals.cells) == 4
+            assert first.signals.ingest_lag_total == 0
+            assert len(first.signals.cells) == 4
             assert first.moves, first.decision.reasons
             second = loop.tick()  # whether or not ingest has applied the decisions yet, none is repeated
             assert not set(second.moves) & set(first.moves)

@@ -94,8 +94,10 @@ def test_the_number_of_tries_is_configurable_and_at_least_one() -> None:
 def test_platform_error_is_translate_errors_and_leaves_the_error_as_it_was() -> None:
     driver = _sa(sa_exc.IntegrityError, psycopg.IntegrityError("duplicate key"))
     translated = platform_error(driver)
-    assert type(translated) is ConflictError and translated.__cause__ is driver
-    assert driver.__traceback__ is None and driver.__context__ is None, "the driver error is not altered"
+    assert type(translated) is ConflictError
+    assert translated.__cause__ is driver
+    assert driver.__traceback__ is None, "the driver error is not altered"
+    assert driver.__context__ is None, "the driver error is not altered"
     mine = StoreError("x")
     assert platform_error(mine) is mine
     other = ValueError("y")

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from ingest.ingest_helpers import FakeRecord as Record
-from ingest.ingest_helpers import FakeTopicPartition as TP
 from sapwood.ingest.committer import NOT_ASSIGNED, OffsetCommitter
 from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.store import Store
+from tests.support.kafka_ingest import FakeRecord as Record
+from tests.support.kafka_ingest import FakeTopicPartition as TP
 
 G, T = "g", "events"
 
@@ -61,10 +61,12 @@ def test_assignment_seeks_to_the_stored_offsets_or_the_beginning(store: Store) -
     with store.transaction() as conn:
         offset_store(conn).advance(conn, G, T, {0: 0}, expected={})
     c, consumer = committer(store, p0, p1)
-    assert c.pending() and c.readable({p0: [Record(0)]}) == {}, "unsynced partitions are not read"
+    assert c.pending(), "unsynced partitions are not read"
+    assert c.readable({p0: [Record(0)]}) == {}, "unsynced partitions are not read"
     c.sync(store, [p0, p1])
     assert sorted(consumer.seeks, key=lambda s: s[0].partition) == [(p0, 0), (p1, None)]
-    assert c.held() == {0: 0, 1: None} and not c.pending()
+    assert c.held() == {0: 0, 1: None}
+    assert not c.pending()
     assert c.readable({p0: [Record(0)], p1: []}) == {p0: [Record(0)]}
 
 
@@ -96,8 +98,10 @@ def test_a_zombie_whose_stored_offset_moved_applies_nothing_and_reseeks(store: S
         claim = c.claim(conn, {p0: [Record(0), Record(1)]})
         c.advance(conn, claim)
     c.committed(claim)
-    assert claim.todo == {} and claim.mismatched == {p0: 10}
-    assert consumer.seeks == [(p0, 10)] and c.held() == {0: 10}
+    assert claim.todo == {}
+    assert claim.mismatched == {p0: 10}
+    assert consumer.seeks == [(p0, 10)]
+    assert c.held() == {0: 10}
     with store.transaction() as conn:
         assert offset_store(conn).read(conn, G, T) == {0: 10}
 
@@ -107,10 +111,12 @@ def test_revoked_partitions_are_neither_claimed_nor_reseeked(store: Store) -> No
     c, consumer = committer(store, p0)
     c.sync(store, [p0])
     c.revoke([p0])
-    assert c.position(p0) is NOT_ASSIGNED and c.held() == {}
+    assert c.position(p0) is NOT_ASSIGNED
+    assert c.held() == {}
     with store.transaction() as conn:
         claim = c.claim(conn, {p0: [Record(0)]})
-    assert claim.todo == {} and claim.mismatched == {}
+    assert claim.todo == {}
+    assert claim.mismatched == {}
     c.reseek(p0, 3)
     assert consumer.seeks == [(p0, None)], "only the sync's seek"
 
@@ -119,7 +125,8 @@ def test_a_lost_database_marks_every_partition_for_a_re_read(store: Store) -> No
     p0, p1 = TP(T, 0), TP(T, 1)
     c, _consumer = committer(store, p0, p1)
     c.sync(store, [p0, p1])
-    assert set(c.unsync_all()) == {p0, p1} and set(c.pending()) == {p0, p1}
+    assert set(c.unsync_all()) == {p0, p1}
+    assert set(c.pending()) == {p0, p1}
     assert c.readable({p0: [Record(0)]}) == {}
 
 

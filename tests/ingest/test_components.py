@@ -7,8 +7,6 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ingest.ingest_helpers import FakeRecord as Record
-from ingest.ingest_helpers import FakeTopicPartition as TP
 from sapwood.ingest.deadletters import DeadLetter
 from sapwood.ingest.metrics import IngestMetrics, IngestSensor
 from sapwood.ingest.record_decoder import SkippedRecord, decode_records
@@ -16,6 +14,8 @@ from sapwood.platform.apply import ApplyResult, Rejected
 from sapwood.platform.codec import decode, encode
 from sapwood.platform.errors import SequenceError
 from sapwood.platform.events import ExecutionStarted
+from tests.support.kafka_ingest import FakeRecord as Record
+from tests.support.kafka_ingest import FakeTopicPartition as TP
 
 
 def started() -> ExecutionStarted:
@@ -26,7 +26,8 @@ def test_records_exactly_at_the_limit_are_decoded_one_byte_over_are_too_large() 
     data = encode(started())
     tp = TP("events", 3)
     at_limit = decode_records({tp: [Record(7, data)]}, max_event_bytes=len(data))
-    assert len(at_limit.events) == 1 and not at_limit.letters
+    assert len(at_limit.events) == 1
+    assert not at_limit.letters
     assert at_limit.origin[id(at_limit.events[0])][0] == "kafka:events/3@7"
     over = decode_records({tp: [Record(7, data)]}, max_event_bytes=len(data) - 1)
     assert not over.events
@@ -89,7 +90,8 @@ def test_the_sensor_keeps_totals_and_prometheus_in_step() -> None:
     s, m = sensor.stats, sensor.metrics
     assert s.first_batch_at == first is not None
     assert (s.events, s.tokens, s.duplicates, s.dead_letters, s.batches) == (2, 40, 1, 3, 1)
-    assert sample(m, "sapwood_ingest_events_total") == 2 and sample(m, "sapwood_ingest_tokens_total") == 40
+    assert sample(m, "sapwood_ingest_events_total") == 2
+    assert sample(m, "sapwood_ingest_tokens_total") == 40
     assert sample(m, "sapwood_ingest_dead_letters_total", {"reason": "decode"}) == 2
     assert sample(m, "sapwood_ingest_dead_letters_total", {"reason": "too_large"}) == 1
     assert sample(m, "sapwood_ingest_batches_total") == 1
@@ -98,7 +100,8 @@ def test_the_sensor_keeps_totals_and_prometheus_in_step() -> None:
     sensor.retried(db_error=True)
     sensor.rebalanced()
     assert (s.retries, s.db_errors, s.rebalances) == (2, 1, 1)
-    assert sample(m, "sapwood_ingest_retries_total") == 2 and sample(m, "sapwood_ingest_rebalances_total") == 1
+    assert sample(m, "sapwood_ingest_retries_total") == 2
+    assert sample(m, "sapwood_ingest_rebalances_total") == 1
 
 
 def test_lag_is_measured_per_interval_and_forgotten_on_revoke() -> None:
@@ -114,7 +117,8 @@ def test_lag_is_measured_per_interval_and_forgotten_on_revoke() -> None:
     assert sensor.lag == {0: 40, 1: 5}, "nothing stored: lag is the whole log"
     assert sample(sensor.metrics, "sapwood_ingest_lag", {"topic": "events", "partition": "0"}) == 40
     sensor.report_lag({a: 100, b: 5}, ends)
-    assert len(asked) == 1 and sensor.lag == {0: 40, 1: 5}, "within the interval the broker is not asked"
+    assert len(asked) == 1, "within the interval the broker is not asked"
+    assert sensor.lag == {0: 40, 1: 5}, "within the interval the broker is not asked"
     sensor.report_lag({a: 100, b: 9}, ends, force=True)
     assert sensor.lag == {0: 0, 1: 0}, "a position past the end never reads as negative lag"
     sensor.partition_revoked("events", 1)

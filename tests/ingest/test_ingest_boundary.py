@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from ingest.ingest_helpers import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
 from sapwood.ingest.poison import bomb, recompressed
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode
 from sapwood.platform.events import ModelCall, Observation
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from support.histories import expected_input
+from tests.support.histories import expected_input
+from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
 
 SMALL = SynthConfig(calls=8, forks=1, fork_depth=2, segments=2, obs_min=50, obs_max=200, out_min=3, out_max=20,
                     system_tokens=300, task_tokens=10, summary_tokens=8, vocab_size=500)
@@ -58,10 +58,12 @@ def test_streamed_zstd_bombs_and_replays(pg_url: str, kafka_bootstrap: str, capl
         stored = {str(r[0]) for r in conn.execute(sa.select(t.events.c.event_id))}
     assert [r["reason"] for r in letters] == ["too_large", "too_large", "decode", "conflict"]
     assert {e.event_id for e in a + b} <= stored, "streamed frames were applied; the partition kept flowing"
-    assert stats.duplicates == 1 and stats.dead_letters == 4
+    assert stats.duplicates == 1
+    assert stats.dead_letters == 4
     assert all(bytes(r["record_key"]) == (key_a if r["reason"] == "conflict" else key_b) for r in letters)
     assert str(letters[2]["execution_id"]) == b[0].execution_id, "an undecodable record names its key's execution"
-    assert "token_ids differ" in letters[3]["message"] and str(letters[3]["event_id"]) == obs.event_id
+    assert "token_ids differ" in letters[3]["message"]
+    assert str(letters[3]["event_id"]) == obs.event_id
     lines = [r for r in caplog.records if r.getMessage().startswith("dead_letter ")]
     assert Counter(r.dead_letter["reason"] for r in lines) == Counter(r["reason"] for r in letters)  # type: ignore[attr-defined]
     assert all(f"source=kafka:{topic}/0@" in r.getMessage() for r in lines)

@@ -38,7 +38,8 @@ def test_ingest_command_is_registered() -> None:
 
 def test_postgres_connections_carry_the_application_name() -> None:
     url = with_connection_params("postgresql+psycopg://u@h:5432/db", "sapwood-ingest")
-    assert "application_name=sapwood-ingest" in url and "connect_timeout=5" in url
+    assert "application_name=sapwood-ingest" in url
+    assert "connect_timeout=5" in url
     assert with_connection_params("sqlite:///x.db", "a") == "sqlite:///x.db"
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ingest.ingest_helpers import IngestProcess, Ledger, caught_up, check_exactly_once, create_topic, wait_until
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.rollout import KafkaTransport
-from support.histories import SMALL
+from tests.support.histories import SMALL
+from tests.support.kafka_ingest import IngestProcess, Ledger, caught_up, check_exactly_once, create_topic, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -26,7 +26,8 @@ def test_ingest_killed_after_apply_before_the_offsets_restarts_exactly_once(
         for seed in range(6):
             for ev in synthetic_execution(SynthConfig(**{**SMALL.__dict__, "seed": 200 + seed})).events:
                 transport.send(ev)
-    assert ledger.acked and not ledger.failed
+    assert ledger.acked
+    assert not ledger.failed
     monkeypatch.setenv("SAPWOOD_FAULT", "ingest.after_apply@2")  # the first batch commits, the second dies
     crashed = IngestProcess(pg_url, kafka_bootstrap, topic, group, tmp_path / "crash.log", batch_size=20).start()
     assert crashed.proc is not None

@@ -29,7 +29,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaConsumer
 
-from ingest.ingest_helpers import (
+from tests.support.kafka_ingest import (
     Ledger,
     caught_up,
     check_exactly_once,
@@ -97,7 +97,8 @@ def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(pg_url
     with store.engine.connect() as conn:
         status = dict(conn.execute(sa.select(t.executions.c.execution_id, t.executions.c.status)).all())
     assert status[a[0].execution_id] == status[d[0].execution_id] == "success"
-    assert stats.dead_letters == 6 and stats.retries >= 1
+    assert stats.dead_letters == 6
+    assert stats.retries >= 1
     consumer = KafkaConsumer(dlq, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
                              consumer_timeout_ms=10_000)
     copies = [dict(r.headers) for _, r in zip(range(6), consumer, strict=False)]
@@ -182,13 +183,15 @@ def test_restart_resumes_from_stored_offsets_and_exports_metrics(pg_url: str, ka
     port = _free_port()
     with running_ingest(dataclasses.replace(config, metrics_port=port)) as service:
         wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 30, "second catch-up")
-        assert service.stats.events == len(second) and service.stats.duplicates == 0, "resumed, not re-read"
+        assert service.stats.events == len(second), "resumed, not re-read"
+        assert service.stats.duplicates == 0, "resumed, not re-read"
         wait_until(lambda: service.lag and all(v == 0 for v in service.lag.values()), 10, "lag gauge at 0")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         kafka_offsets = {tp.partition: service.consumer.committed(tp) for tp in service.positions}
         in_process = service.committed_offsets()
     assert f"sapwood_ingest_events_total {float(len(second))}" in text
-    assert "sapwood_ingest_tokens_total" in text and "sapwood_ingest_apply_seconds_bucket" in text
+    assert "sapwood_ingest_tokens_total" in text
+    assert "sapwood_ingest_apply_seconds_bucket" in text
     assert "sapwood_ingest_rebalances_total 1.0" in text
     assert f'sapwood_ingest_lag{{partition="0",topic="{topic}"}} 0.0' in text
     check_exactly_once(store, ledger.acked, bootstrap=kafka_bootstrap, topic=topic, group=config.group)

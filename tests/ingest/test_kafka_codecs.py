@@ -4,13 +4,10 @@ events produced with each through a real broker are all applied, with no dead le
 from __future__ import annotations
 
 import pytest
-import sqlalchemy as sa
 
-from ingest.ingest_helpers import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
-from sapwood.platform import schema as t
-from sapwood.platform.codec import encode
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
+from tests.support.kafka_ingest import create_topic, dead_letters_and_stored, ingest_until_caught_up, produce_events
 
 CODECS = ("gzip", "snappy", "lz4", "zstd")
 
@@ -28,17 +25,9 @@ def test_events_produced_with_each_codec_are_applied(pg_url: str, kafka_bootstra
     topic = create_topic(kafka_bootstrap, 1)
     store = Store.open(pg_url)
     events = small_execution(7).events
-    producer = raw_producer(kafka_bootstrap, compression_type=compression, linger_ms=20)
-    for ev in events:
-        producer.send(topic, value=encode(ev), key=ev.execution_id.encode(), partition=0)  # type: ignore[union-attr]
-    producer.flush(30)
-    producer.close()
-    config = ingest_config(pg_url, kafka_bootstrap, topic)
-    with running_ingest(config):
-        wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 60, "ingest to catch up")
-    with store.engine.connect() as conn:
-        letters = conn.execute(sa.select(t.dead_letters.c.reason, t.dead_letters.c.message)).all()
-        stored = {str(r[0]) for r in conn.execute(sa.select(t.events.c.event_id))}
+    produce_events(kafka_bootstrap, topic, events, compression_type=compression, linger_ms=20)
+    ingest_until_caught_up(store, pg_url, kafka_bootstrap, topic)
+    letters, stored = dead_letters_and_stored(store.engine, "reason", "message")
     assert letters == []
     assert {e.event_id for e in events} <= stored
 
@@ -58,24 +47,11 @@ def test_a_batch_no_decoder_can_read_is_dead_lettered_and_the_partition_moves_on
     topic = create_topic(kafka_bootstrap, 1)
     store = Store.open(pg_url)
     lost, kept = small_execution(11).events, small_execution(12).events
-    compressed = raw_producer(kafka_bootstrap, compression_type="lz4", linger_ms=50)
-    for ev in lost:
-        compressed.send(topic, value=encode(ev), key=ev.execution_id.encode(), partition=0)  # type: ignore[union-attr]
-    compressed.flush(30)
-    compressed.close()
-    plain = raw_producer(kafka_bootstrap)
-    for ev in kept:
-        plain.send(topic, value=encode(ev), key=ev.execution_id.encode(), partition=0)  # type: ignore[union-attr]
-    plain.flush(30)
-    plain.close()
+    produce_events(kafka_bootstrap, topic, lost, compression_type="lz4", linger_ms=50)
+    produce_events(kafka_bootstrap, topic, kept)
     monkeypatch.setattr(records, "lz4_decode", missing_lz4)
-    config = ingest_config(pg_url, kafka_bootstrap, topic)
-    with running_ingest(config):
-        wait_until(lambda: caught_up(store.engine, kafka_bootstrap, topic, config.group), 60, "ingest to catch up")
-    with store.engine.connect() as conn:
-        letters = conn.execute(sa.select(t.dead_letters.c.reason, t.dead_letters.c.message,
-                                         t.dead_letters.c.source)).all()
-        stored = {str(r[0]) for r in conn.execute(sa.select(t.events.c.event_id))}
+    ingest_until_caught_up(store, pg_url, kafka_bootstrap, topic)
+    letters, stored = dead_letters_and_stored(store.engine, "reason", "message", "source")
     assert {r.reason for r in letters} == {"decode"}
     assert {r.source for r in letters} == {f"kafka:{topic}/0@{offset}" for offset in range(len(lost))}
     assert all("cannot be decompressed" in r.message and "lz4 compression codec not found" in r.message

@@ -67,9 +67,11 @@ def test_configured_ids(configured: str | None, expected: str | None) -> None:
 def test_settings_default_to_a_derived_static_id(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAPWOOD_KAFKA_BOOTSTRAP", "broker:9092")
     cfg = IngestConfig.from_settings(Settings())
-    assert cfg.instance_id == "auto" and cfg.metrics_addr == "127.0.0.1"
+    assert cfg.instance_id == "auto"
+    assert cfg.metrics_addr == "127.0.0.1"
     lock = resolve_instance_id(cfg.instance_id, cfg.group)
-    assert lock is not None and lock.value.startswith(f"sapwood-ingest-{socket.gethostname()}"[:40])
+    assert lock is not None
+    assert lock.value.startswith(f"sapwood-ingest-{socket.gethostname()}"[:40])
     lock.release()
 
 

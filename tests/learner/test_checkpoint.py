@@ -23,7 +23,7 @@ from sapwood.learner.config import CriticConfig, LearnerConfig, SourceConfig
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def _trainer(seed: int) -> SAOTrainer:
@@ -58,7 +58,8 @@ def test_a_restored_trainer_continues_exactly_as_the_original(tmp_path: Path, ba
     restore_training_state(original, read_checkpoint(written.path, written.digest))
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == after_restore
     a, b = original.train_step(batches[2]), restored.train_step(batches[2])
-    assert a["train/loss"] == b["train/loss"] and restored.backend.policy_version == 2
+    assert a["train/loss"] == b["train/loss"]
+    assert restored.backend.policy_version == 2
     for p, q in zip(original.backend.model.parameters(), restored.backend.model.parameters(), strict=True):
         assert torch.equal(p, q)
 
@@ -87,4 +88,7 @@ def test_unpublished_checkpoints_are_removed_after_the_grace_period_only(tmp_pat
     for p in (published, orphan, tmp, other):
         os.utime(p, (now - 100.0, now - 100.0))
     assert remove_unpublished(tmp_path, [str(published)], grace_s=10.0, now=now) == sorted([orphan, tmp])
-    assert published.exists() and other.exists() and not orphan.exists() and not tmp.exists()
+    assert published.exists()
+    assert other.exists()
+    assert not orphan.exists()
+    assert not tmp.exists()

@@ -16,7 +16,7 @@ from sapwood.learner.claims import BatchSource
 from sapwood.learner.config import SourceConfig
 from sapwood.platform import runs
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 
@@ -55,7 +55,8 @@ def test_three_concurrent_learners_never_share_an_execution(pg_url: str) -> None
         th.join(timeout=120)
     assert not errors, errors
     everything = [e for ids in claimed.values() for e in ids]
-    assert len(everything) == 24 and len(set(everything)) == 24, "each execution claimed exactly once"
+    assert len(everything) == 24, "each execution claimed exactly once"
+    assert len(set(everything)) == 24, "each execution claimed exactly once"
     assert len(claimed) >= 2, "the work was actually shared"
     store = Store.open(pg_url, migrate=False)
     with store.transaction() as conn:
@@ -87,11 +88,13 @@ def test_killed_learners_claim_is_taken_over(pg_url: str) -> None:
     store = Store.open(pg_url, migrate=False)
     survivor = BatchSource(store, "run", learner_id="survivor", config=SourceConfig(executions_per_batch=10))
     first = survivor.next_batch()
-    assert first is not None and not set(first.execution_ids) & set(doomed), "leases still held"
+    assert first is not None, "leases still held"
+    assert not set(first.execution_ids) & set(doomed), "leases still held"
     assert first.complete() == []
     time.sleep(2.5)  # the doomed learner's lease expires
     second = survivor.next_batch()
-    assert second is not None and sorted(second.execution_ids) == sorted(doomed)
+    assert second is not None
+    assert sorted(second.execution_ids) == sorted(doomed)
     assert second.complete() == []
     with store.transaction() as conn:
         assert runs.run_progress(conn, "run") == {"pending": 0, "claimed": 0, "done": 4}

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from learner.learner_helpers import replay_store
 from sapwood.learner.audit import audit_training
 from sapwood.platform import runs
 from sapwood.platform.cli import app
 from sapwood.platform.faults import FAULT_POINTS, armed_point, fault_point
 from sapwood.platform.storage.learner_reads import policy_history
+from tests.support.replay_store import replay_store
 
 EXECUTIONS = 5
 
@@ -48,7 +48,8 @@ def test_a_learner_killed_at_a_fault_point_restarts_without_loss_or_duplicates(
     if point == "learner.after_step":
         assert len(left) == 1  # only version 1's
     else:
-        assert len(left) == 2 and left[1].startswith("policy-v000002-")  # written, unpublished
+        assert len(left) == 2
+        assert left[1].startswith("policy-v000002-")  # written, unpublished
 
     # The restart waits out the dead learner's lease (1 s), resumes from version 1 and trains the rest.
     restarted = CliRunner().invoke(app, _learn_args(url, ckpt))
@@ -56,7 +57,8 @@ def test_a_learner_killed_at_a_fault_point_restarts_without_loss_or_duplicates(
     assert "resumed from policy version 1" in restarted.output
     audit = audit_training(store, "train")
     assert audit.ok, audit
-    assert audit.trained == EXECUTIONS and audit.versions == [1, 2, 3, 4]  # 1 warm-up batch + 4 updates
+    assert audit.trained == EXECUTIONS
+    assert audit.versions == [1, 2, 3, 4]  # 1 warm-up batch + 4 updates
     with store.transaction() as conn:
         assert runs.run_progress(conn, "train") == {"pending": 0, "claimed": 0, "done": EXECUTIONS}
         published = {p for _, p, _ in policy_history(conn, "train")}

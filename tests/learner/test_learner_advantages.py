@@ -14,8 +14,8 @@ from sapwood.learner.advantages import (
 )
 from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder
 from sapwood.learner.config import AdvantageConfig
-from support import gae_reference as ref
-from support.random_trees import random_tree_batch
+from tests.support import gae_reference as ref
+from tests.support.random_trees import random_tree_batch
 
 F64 = torch.float64
 SETTINGS = [(1.0, 0.95), (0.97, 0.8), (1.0, 1.0)]
@@ -72,7 +72,8 @@ def test_token_gae_matches_loop(gamma: float, lam: float) -> None:
     dones = torch.rand(40, generator=g) < 0.15
     adv, ret = token_gae(r, v, gamma=gamma, lam=lam, dones=dones, bootstrap=0.7)
     want_a, want_r = ref.token_gae_loop(r.tolist(), v.tolist(), gamma, lam, dones.tolist(), 0.7)
-    assert close(adv, want_a) and close(ret, want_r)
+    assert close(adv, want_a)
+    assert close(ret, want_r)
 
 
 @pytest.mark.parametrize(("gamma", "lam"), SETTINGS)
@@ -82,7 +83,8 @@ def test_skip_observation_gae_matches_loop(gamma: float, lam: float) -> None:
     trainable = torch.rand(50, generator=g) < 0.6
     adv, ret = skip_observation_gae(r, v, trainable, gamma=gamma, lam=lam)
     want_a, want_r = ref.skip_observation_gae_loop(r.tolist(), v.tolist(), trainable.tolist(), gamma, lam)
-    assert close(adv, want_a) and close(ret, want_r)
+    assert close(adv, want_a)
+    assert close(ret, want_r)
 
 
 @pytest.mark.parametrize(("gamma", "lam"), SETTINGS)
@@ -93,7 +95,8 @@ def test_cross_trajectory_gae_matches_loop(gamma: float, lam: float) -> None:
     segment = torch.sort(torch.randint(0, 4, (60,), generator=g)).values
     adv, ret = cross_trajectory_gae(v, trainable, segment, 0.8, gamma=gamma, lam=lam)
     want_a, want_r = ref.cross_trajectory_gae_loop(v.tolist(), trainable.tolist(), segment.tolist(), 0.8, gamma, lam)
-    assert close(adv, want_a) and close(ret, want_r)
+    assert close(adv, want_a)
+    assert close(ret, want_r)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -172,7 +175,8 @@ def test_single_segment_chain_is_skip_observation_gae_and_token_gae() -> None:
     r[-1] = 0.5
     a, g = token_gae(r, v[tr], gamma=0.99, lam=0.9)
     got = gae_of(action, v, 0.99, 0.9)
-    assert torch.allclose(got.advantages[tr], a, atol=1e-6) and torch.allclose(got.returns[tr], g, atol=1e-6)
+    assert torch.allclose(got.advantages[tr], a, atol=1e-6)
+    assert torch.allclose(got.returns[tr], g, atol=1e-6)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -239,7 +243,8 @@ def test_batch_gae_uses_the_config() -> None:
     cfg = AdvantageConfig(gamma=0.98, lam=0.9, returns_lam=None)
     got = batch_gae(batch, v, cfg)
     want = gae_of(batch, v, 0.98, 0.9, 0.9)
-    assert torch.equal(got.advantages, want.advantages) and torch.equal(got.returns, want.returns)
+    assert torch.equal(got.advantages, want.advantages)
+    assert torch.equal(got.returns, want.returns)
 
 
 def test_fork_after_compaction_discounts_each_branch_by_its_own_length() -> None:

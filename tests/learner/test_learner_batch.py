@@ -20,7 +20,7 @@ from sapwood.learner.batch import (
     tree_attention_mask,
 )
 from sapwood.learner.errors import BatchValidationError
-from support.random_trees import random_tree_batch
+from tests.support.random_trees import random_tree_batch
 
 
 def random_forest(n: int, seed: int) -> torch.Tensor:
@@ -184,4 +184,5 @@ def test_random_batches_cover_every_feature() -> None:
 def test_to_device_copies() -> None:
     batch = small_batch()
     moved = batch.to("cpu")
-    assert torch.equal(moved.tokens, batch.tokens) and moved.execution_ids == batch.execution_ids
+    assert torch.equal(moved.tokens, batch.tokens)
+    assert moved.execution_ids == batch.execution_ids

@@ -86,14 +86,19 @@ def test_dis_ratios_exactly_on_the_window_bounds_are_dropped(
     )
     rollout = torch.zeros(4, dtype=dtype)
     ratio = torch.exp(logprob - rollout)
-    assert ratio[0] == lo and ratio[1] == hi  # exactly on the bounds, as computed in this dtype
-    assert lo < ratio[2] and ratio[3] < hi
+    assert ratio[0] == lo
+    assert ratio[1] == hi  # exactly on the bounds, as computed in this dtype
+    assert lo < ratio[2]
+    assert ratio[3] < hi
     adv = torch.ones(4, dtype=dtype)
     mask = torch.ones(4, dtype=torch.bool)
     _, grad, m = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, eps_low, eps_high), logprob)
-    assert grad[0] == 0 and grad[1] == 0
-    assert grad[2] == -ratio[2] / 4 and grad[3] == -ratio[3] / 4
-    assert m["policy/masked_low_frac"] == 0.25 and m["policy/masked_high_frac"] == 0.25
+    assert grad[0] == 0
+    assert grad[1] == 0
+    assert grad[2] == -ratio[2] / 4
+    assert grad[3] == -ratio[3] / 4
+    assert m["policy/masked_low_frac"] == 0.25
+    assert m["policy/masked_high_frac"] == 0.25
     # Float32 windows given per token (token_windows' dtype) put the bounds at the same ratios.
     e_lo, e_hi = torch.full((4,), eps_low), torch.full((4,), eps_high)
     if dtype == torch.float32:
@@ -107,11 +112,15 @@ def test_dis_drops_a_nan_current_logprob_and_counts_it_as_masked() -> None:
     adv = torch.tensor([1.0, 2.0, -1.0, 1.0])
     mask = torch.tensor([True, True, True, False])
     loss, grad, m = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 0.3, 5.0), logprob)
-    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(grad).all()
     assert loss.item() == pytest.approx(-(1.1 * 2.0 - 0.9 * 1.0) / 3, rel=1e-6)  # the NaN token stays in |M|
-    assert grad[0] == 0 and grad[3] == 0
-    assert m["policy/masked_frac"] == pytest.approx(1 / 3) and m["policy/masked_nan_frac"] == pytest.approx(1 / 3)
-    assert m["policy/masked_low_frac"] == 0 and m["policy/masked_high_frac"] == 0
+    assert grad[0] == 0
+    assert grad[3] == 0
+    assert m["policy/masked_frac"] == pytest.approx(1 / 3)
+    assert m["policy/masked_nan_frac"] == pytest.approx(1 / 3)
+    assert m["policy/masked_low_frac"] == 0
+    assert m["policy/masked_high_frac"] == 0
     assert all(math.isfinite(v) for v in m.values())
     assert m["policy/ratio_max"] == pytest.approx(1.1)
 
@@ -153,10 +162,13 @@ def test_dis_float32_log_ratios_beyond_exp_overflow_give_finite_gradients(log_ra
     adv = torch.tensor([3.0, 1.0])
     mask = torch.ones(2, dtype=torch.bool)
     loss, grad, m = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 0.3, 5.0), logprob)
-    assert torch.isfinite(loss) and torch.isfinite(grad).all()
-    assert grad[0] == 0 and grad[1] == pytest.approx(-0.5)
+    assert torch.isfinite(loss)
+    assert torch.isfinite(grad).all()
+    assert grad[0] == 0
+    assert grad[1] == pytest.approx(-0.5)
     assert loss.item() == pytest.approx(-0.5)
-    assert m["policy/masked_frac"] == 0.5 and all(math.isfinite(v) for v in m.values())
+    assert m["policy/masked_frac"] == 0.5
+    assert all(math.isfinite(v) for v in m.values())
 
 
 def test_dis_lower_half_width_of_one_or_more_keeps_every_positive_ratio() -> None:
@@ -165,9 +177,11 @@ def test_dis_lower_half_width_of_one_or_more_keeps_every_positive_ratio() -> Non
     adv, mask = torch.ones(4), torch.ones(4, dtype=torch.bool)
     _, grad1, m1 = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 1.0, 0.5), logprob)
     assert [bool(g != 0) for g in grad1] == [True, False, True, False]  # 0 is on the bound 1 - 1; 2 > 1.5
-    assert torch.isfinite(grad1).all() and m1["policy/masked_low_frac"] == 0.25
+    assert torch.isfinite(grad1).all()
+    assert m1["policy/masked_low_frac"] == 0.25
     _, grad2, _ = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 1.5, 0.5), logprob)
-    assert [bool(g != 0) for g in grad2[:1]] == [True] and grad2[1] == 0  # ratio 0: zero gradient either way
+    assert [bool(g != 0) for g in grad2[:1]] == [True]
+    assert grad2[1] == 0  # ratio 0: zero gradient either way
 
 
 def test_dis_inside_the_window_is_the_exact_ratio_not_a_clamp() -> None:
@@ -178,8 +192,11 @@ def test_dis_inside_the_window_is_the_exact_ratio_not_a_clamp() -> None:
     mask = torch.ones(1, dtype=torch.bool)
     dis, g_dis, _ = leaf_grad(lambda lp: dis_policy_loss(lp, rollout, adv, mask, 0.3, 5.0), logprob)
     ppo, g_ppo, m = leaf_grad(lambda lp: ppo_clip_policy_loss(lp, rollout, adv, mask), logprob)
-    assert dis.item() == pytest.approx(-3.0) and g_dis.item() == pytest.approx(-3.0)
-    assert ppo.item() == pytest.approx(-1.2) and g_ppo.item() == 0.0 and m["policy/clip_frac"] == 1.0
+    assert dis.item() == pytest.approx(-3.0)
+    assert g_dis.item() == pytest.approx(-3.0)
+    assert ppo.item() == pytest.approx(-1.2)
+    assert g_ppo.item() == 0.0
+    assert m["policy/clip_frac"] == 1.0
 
 
 def test_dis_windows_are_per_task_family() -> None:
@@ -352,7 +369,8 @@ def test_shared_tokens_count_once_and_branches_share_one_trajectorys_weight() ->
     lp = logprob.clone().requires_grad_(True)
     loss, _ = dis_policy_loss(lp[idx], batch.rollout_logprob[idx], adv[idx], batch.trainable[idx], 0.3, 5.0, weight=w)
     loss.backward()
-    assert lp.grad is not None and torch.allclose(lp.grad, grad)
+    assert lp.grad is not None
+    assert torch.allclose(lp.grad, grad)
     # Unit weights (the ablation baseline) give every unique token the same coefficient: the branches
     # then carry 20/23 of the execution's weight instead of 2/5.
     unit = tree_grad(None)
@@ -397,12 +415,15 @@ def test_losses_return_detached_tensor_metrics_without_reading_values_back(monke
         calls.append((None, staleness_metrics(version, empty, current_version=6)))
     for _, metrics in calls:
         for key, v in metrics.items():
-            assert isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad, key
+            assert isinstance(v, torch.Tensor), key
+            assert v.dim() == 0, key
+            assert not v.requires_grad, key
     floats = [metric_floats(m) for _, m in calls]
     assert all(isinstance(v, float) for f in floats for v in f.values())
     assert floats[0]["policy/ratio_min"] <= floats[0]["policy/ratio_mean"] <= floats[0]["policy/ratio_max"]
     assert floats[3]["policy/staleness_max"] == float((6 - version)[mask].max())
-    assert floats[5]["policy/ratio_mean"] == 1.0 and floats[5]["policy/approx_kl"] == 0.0
+    assert floats[5]["policy/ratio_mean"] == 1.0
+    assert floats[5]["policy/approx_kl"] == 0.0
     assert floats[6] == {"policy/staleness_mean": 0.0, "policy/staleness_max": 0.0}
 
 
@@ -416,6 +437,9 @@ def test_metric_floats_reads_the_same_floats_as_float() -> None:
     }
     out = metric_floats(metrics)
     assert list(out) == list(metrics)
-    assert out["a"] == float(metrics["a"]) and out["b"] == 2 / 3 and out["c"] == 7.0 and out["e"] == 0.125
+    assert out["a"] == float(metrics["a"])
+    assert out["b"] == 2 / 3
+    assert out["c"] == 7.0
+    assert out["e"] == 0.125
     assert math.isnan(out["d"])
     assert metric_floats({}) == {}

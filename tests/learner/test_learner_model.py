@@ -18,7 +18,7 @@ from sapwood.learner.model import (
     tree_forward,
 )
 from sapwood.learner.trainer import LossTargets, compute_losses
-from support.random_trees import random_tree_batch
+from tests.support.random_trees import random_tree_batch
 
 VOCAB = 32
 
@@ -88,11 +88,13 @@ def test_forward_shapes_and_root_convention() -> None:
     model = tiny(dtype=torch.float32)
     batch = random_tree_batch(0, vocab_size=VOCAB)
     logits, values = model(batch.tokens, batch.position, batch.attention_mask())
-    assert logits.shape == (batch.num_tokens, VOCAB) and values.shape == (batch.num_tokens,)
+    assert logits.shape == (batch.num_tokens, VOCAB)
+    assert values.shape == (batch.num_tokens,)
     out = tree_forward(model, batch)
     roots = batch.parent < 0
     assert torch.equal(out.logprob[roots], torch.zeros(int(roots.sum())))
-    assert bool((out.logprob[~roots] < 0).all()) and bool((out.entropy[~roots] > 0).all())
+    assert bool((out.logprob[~roots] < 0).all())
+    assert bool((out.entropy[~roots] > 0).all())
     # Token i is scored by the output at its parent.
     i = int((~roots).nonzero()[3, 0])
     p = int(batch.parent[i])
@@ -135,11 +137,15 @@ def test_backend_steps_only_the_selected_groups(shared: bool) -> None:
     m = backend.step(
         batch, lambda o: compute_losses(o, targets, cfg, policy=False), update_actor=False, update_critic=True
     )
-    assert same(a0, actor_snapshot(model)) and not same(c0, critic_snapshot(model))
-    assert backend.policy_version == 0 and m["critic/grad_norm"] > 0
+    assert same(a0, actor_snapshot(model))
+    assert not same(c0, critic_snapshot(model))
+    assert backend.policy_version == 0
+    assert m["critic/grad_norm"] > 0
     a1 = actor_snapshot(model)
     m = backend.step(batch, lambda o: compute_losses(o, targets, cfg), update_actor=True, update_critic=True)
-    assert not same(a1, actor_snapshot(model)) and backend.policy_version == 1 and m["actor/grad_norm"] > 0
+    assert not same(a1, actor_snapshot(model))
+    assert backend.policy_version == 1
+    assert m["actor/grad_norm"] > 0
 
 
 def test_backend_state_dict_round_trip() -> None:

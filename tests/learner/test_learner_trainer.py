@@ -10,7 +10,7 @@ from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig, Pol
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
 from sapwood.learner.trainer import SAOTrainer
-from support.random_trees import random_tree_batch
+from tests.support.random_trees import random_tree_batch
 
 VOCAB = 32
 
@@ -37,11 +37,15 @@ def test_critic_warms_up_before_the_first_policy_update() -> None:
     before = actor_params(model)
     for _ in range(2):
         m = trainer.train_step(batch)
-        assert m["train/critic_warmup"] == 1.0 and "policy/loss" not in m
-        assert unchanged(before, actor_params(model)) and trainer.backend.policy_version == 0
+        assert m["train/critic_warmup"] == 1.0
+        assert "policy/loss" not in m
+        assert unchanged(before, actor_params(model))
+        assert trainer.backend.policy_version == 0
     m = trainer.train_step(batch)
-    assert m["train/critic_warmup"] == 0.0 and "policy/loss" in m
-    assert not unchanged(before, actor_params(model)) and trainer.backend.policy_version == 1
+    assert m["train/critic_warmup"] == 0.0
+    assert "policy/loss" in m
+    assert not unchanged(before, actor_params(model))
+    assert trainer.backend.policy_version == 1
 
 
 def test_replayed_history_counts_as_warmup() -> None:
@@ -49,9 +53,11 @@ def test_replayed_history_counts_as_warmup() -> None:
     trainer, _ = make_trainer(cfg)
     history = [random_tree_batch(s, vocab_size=VOCAB) for s in (1, 2)]
     metrics = trainer.warmup_critic(history)
-    assert len(metrics) == 2 and trainer.backend.policy_version == 0
+    assert len(metrics) == 2
+    assert trainer.backend.policy_version == 0
     m = trainer.train_step(random_tree_batch(3, vocab_size=VOCAB))
-    assert m["train/critic_warmup"] == 0.0 and trainer.backend.policy_version == 1
+    assert m["train/critic_warmup"] == 0.0
+    assert trainer.backend.policy_version == 1
 
 
 def test_catch_up_runs_extra_critic_steps_while_the_critic_lags() -> None:
@@ -60,7 +66,8 @@ def test_catch_up_runs_extra_critic_steps_while_the_critic_lags() -> None:
     trainer, _ = make_trainer(cfg)
     batch = random_tree_batch(4, vocab_size=VOCAB, num_executions=4)
     m = trainer.train_step(batch)
-    assert m["train/catchup_steps"] == 3.0 and "critic/value_loss_after_catchup" in m
+    assert m["train/catchup_steps"] == 3.0
+    assert "critic/value_loss_after_catchup" in m
     assert trainer.backend.policy_version == 1  # catch-up steps never move the policy
     # Off: no criterion, no extra steps.
     off = LearnerConfig(critic=CriticConfig(warmup_steps=0, catchup_loss_ratio=None, catchup_min_explained_var=None))
@@ -112,7 +119,8 @@ def test_other_objectives_run(kind: str, aggregation: str) -> None:
     )
     trainer, _ = make_trainer(cfg)
     m = trainer.train_step(random_tree_batch(7, vocab_size=VOCAB))
-    assert trainer.backend.policy_version == 1 and "policy/loss" in m
+    assert trainer.backend.policy_version == 1
+    assert "policy/loss" in m
 
 
 def test_ppo_with_recomputed_old_logprobs_starts_at_ratio_one() -> None:
@@ -121,7 +129,8 @@ def test_ppo_with_recomputed_old_logprobs_starts_at_ratio_one() -> None:
     )
     trainer, _ = make_trainer(cfg)
     m = trainer.train_step(random_tree_batch(10, vocab_size=VOCAB))
-    assert m["policy/ratio_mean"] == pytest.approx(1.0) and m["policy/clip_frac"] == 0.0
+    assert m["policy/ratio_mean"] == pytest.approx(1.0)
+    assert m["policy/clip_frac"] == 0.0
 
 
 def test_a_batch_without_trainable_tokens_is_skipped() -> None:
@@ -130,7 +139,8 @@ def test_a_batch_without_trainable_tokens_is_skipped() -> None:
     b.add_run(e, -1, [1, 2], PROMPT, reward=0.0)
     trainer, _ = make_trainer(LearnerConfig(critic=CriticConfig(warmup_steps=0)))
     m = trainer.train_step(b.build())
-    assert m["train/skipped_empty"] == 1.0 and trainer.backend.policy_version == 0
+    assert m["train/skipped_empty"] == 1.0
+    assert trainer.backend.policy_version == 0
 
 
 def test_jmax_is_enforced() -> None:

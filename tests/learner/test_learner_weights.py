@@ -19,7 +19,7 @@ from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, flat_f
 from sapwood.learner.trainer import LossTargets, compute_losses
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
-from support.random_trees import random_tree_batch
+from tests.support.random_trees import random_tree_batch
 
 VOCAB = 100
 

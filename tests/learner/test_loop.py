@@ -12,7 +12,7 @@ from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchB
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def test_update_checkpoints_and_publishes(tmp_path: Path) -> None:
@@ -26,9 +26,11 @@ def test_update_checkpoints_and_publishes(tmp_path: Path) -> None:
     learner = Learner(store, "r", trainer, checkpoint_dir=tmp_path / "ck",
                       source_config=SourceConfig(executions_per_batch=1))
     history = learner.run(idle_timeout_s=0.2)
-    assert len(history) == 2 and history[-1]["policy/version"] == 2.0
+    assert len(history) == 2
+    assert history[-1]["policy/version"] == 2.0
     version, path = latest_policy(store, "r") or (None, "")
-    assert version == 2 and Path(path).exists()
+    assert version == 2
+    assert Path(path).exists()
     state = torch.load(path, weights_only=False)["backend"]
     assert state["policy_version"] == 2
     fresh = TorchBackend(TinyActorCritic(TinyTransformerConfig(vocab_size=500)))

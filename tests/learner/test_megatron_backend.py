@@ -18,8 +18,8 @@ from sapwood.learner.megatron_model import tiny_to_megatron, weight_map
 from sapwood.learner.megatron_parallel import init_parallel, layout, teardown_parallel
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend, flat_forward, tree_forward
 from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
-from support.megatron_ranks import VOCAB, model_config, near_policy_batch, require_megatron
-from support.random_trees import random_tree_batch
+from tests.support.megatron_ranks import VOCAB, model_config, near_policy_batch, require_megatron
+from tests.support.random_trees import random_tree_batch
 
 require_megatron()
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # megatron's CPU notes
@@ -107,7 +107,8 @@ def test_loss_and_every_gradient_equal_torch_backend_tree_and_flat(shared: bool,
     flat_loss.backward()
     flat_g = megatron_grads(mega)
 
-    assert torch.allclose(tree_loss, ref_loss, atol=1e-12) and torch.allclose(flat_loss, ref_loss, atol=1e-10)
+    assert torch.allclose(tree_loss, ref_loss, atol=1e-12)
+    assert torch.allclose(flat_loss, ref_loss, atol=1e-10)
     assert ref.keys() == tree.keys() == flat_g.keys()
     for name in ref:
         assert torch.allclose(tree[name], ref[name], atol=1e-11), name
@@ -116,7 +117,8 @@ def test_loss_and_every_gradient_equal_torch_backend_tree_and_flat(shared: bool,
     if kind == "dis":
         assert 0.0 < tree_metrics["policy/masked_frac"] < 1.0
     assert float(tree_metrics["policy/ratio_mean"]) == pytest.approx(float(ref_metrics["policy/ratio_mean"]), abs=1e-10)
-    assert flat_loss.grad_fn is not None and flat.cat_index().numel() > batch.num_tokens
+    assert flat_loss.grad_fn is not None
+    assert flat.cat_index().numel() > batch.num_tokens
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -153,7 +155,9 @@ def test_only_selected_groups_move_and_version_counts() -> None:
                   update_critic=True)
     assert all(torch.equal(a, p) for a, p in zip(actor0, mega.model.actor_parameters(), strict=True))
     assert not all(torch.equal(a, p) for a, p in zip(critic0, mega.model.critic_parameters(), strict=True))
-    assert mega.policy_version == 0 and m["critic/grad_norm"] > 0 and "actor/grad_norm" not in m
+    assert mega.policy_version == 0
+    assert m["critic/grad_norm"] > 0
+    assert "actor/grad_norm" not in m
     mega.step(batch, lambda o: compute_losses(o, targets, cfg), update_actor=True, update_critic=True)
     assert mega.policy_version == 1
     assert not all(torch.equal(a, p) for a, p in zip(actor0, mega.model.actor_parameters(), strict=True))
@@ -173,7 +177,8 @@ def test_checkpoint_round_trip_and_torch_checkpoint_interchange(tmp_path: Path) 
 
     again = MegatronBackend(model_config(), dtype=torch.float32, seed=99)
     again.load_state_dict(state)
-    assert again.policy_version == 1 and again.actor_opt.state_dict()["state"]  # AdamW moments restored
+    assert again.policy_version == 1
+    assert again.actor_opt.state_dict()["state"]  # AdamW moments restored
     assert torch.allclose(again.forward(batch).logprob, mega.forward(batch).logprob, atol=0)
     # the rollout engine and TorchBackend read the same file (TinyActorCritic layout under "model")
     tiny = TinyActorCritic(model_config())
@@ -188,7 +193,9 @@ def test_checkpoint_round_trip_and_torch_checkpoint_interchange(tmp_path: Path) 
 
 def test_parallel_state_is_idempotent_and_checked() -> None:
     before = layout()
-    assert init_parallel(1) == before and before.world_size == 1 and before.data_parallel == 1
+    assert init_parallel(1) == before
+    assert before.world_size == 1
+    assert before.data_parallel == 1
     with pytest.raises(ConfigError, match="asked for 2"):
         init_parallel(2)
     with pytest.raises(ConfigError, match=">= 1"):

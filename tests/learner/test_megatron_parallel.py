@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from sapwood.learner.megatron_parallel import ParallelLayout, free_port, init_parallel, teardown_parallel
 from sapwood.learner.shard import select_executions, shard_by_execution
-from support.megatron_ranks import (
+from tests.support.megatron_ranks import (
     EXECUTIONS,
     STEPS,
     near_policy_batch,
@@ -54,7 +54,8 @@ def assert_same_run(got: Run, want: Run, aggregation: str) -> None:
     # 1. Same targets: the global loss and every gradient equal the tiny torch model's on the whole batch.
     ref_grads, ref_loss = reference_gradients(SEED, aggregation)
     grads = got["grads"]
-    assert isinstance(grads, dict) and grads.keys() == ref_grads.keys()
+    assert isinstance(grads, dict)
+    assert grads.keys() == ref_grads.keys()
     assert got["grad_loss"] == pytest.approx(ref_loss, rel=1e-12)
     for k, g in ref_grads.items():
         assert torch.allclose(grads[k], g, atol=1e-11), k
@@ -62,8 +63,10 @@ def assert_same_run(got: Run, want: Run, aggregation: str) -> None:
     # 2. Whole SAO steps, each rank computing its own targets: the same losses and final weights.
     state, history = got["state"], got["history"]
     ref_state, ref_history = want["state"], want["history"]
-    assert isinstance(state, dict) and isinstance(history, list)
-    assert isinstance(ref_state, dict) and isinstance(ref_history, list)
+    assert isinstance(state, dict)
+    assert isinstance(history, list)
+    assert isinstance(ref_state, dict)
+    assert isinstance(ref_history, list)
     assert len(history) == len(ref_history) == STEPS
     for a, b in zip(history, ref_history, strict=True):
         keys = ("train/loss", "critic/value_loss", "train/catchup_steps", "train/policy_version",
@@ -87,7 +90,9 @@ def test_data_parallel_two_ranks_equal_one_rank_on_the_whole_batch(
 ) -> None:
     got = spawn("dp", aggregation, tmp_path)
     where = got["layout"]
-    assert isinstance(where, ParallelLayout) and where.data_parallel == 2 and where.tensor_parallel == 1
+    assert isinstance(where, ParallelLayout)
+    assert where.data_parallel == 2
+    assert where.tensor_parallel == 1
     assert_same_run(got, single[aggregation], aggregation)
 
 
@@ -96,7 +101,9 @@ def test_tensor_parallel_two_ranks_equal_one_rank(
 ) -> None:
     got = spawn("tp", "token", tmp_path)
     where = got["layout"]
-    assert isinstance(where, ParallelLayout) and where.tensor_parallel == 2 and where.data_parallel == 1
+    assert isinstance(where, ParallelLayout)
+    assert where.tensor_parallel == 2
+    assert where.data_parallel == 1
     assert_same_run(got, single["token"], "token")
 
 

@@ -16,7 +16,7 @@ from sapwood.platform import runs
 from sapwood.platform.store import Store
 from sapwood.platform.tree import RewardPolicy
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 @pytest.fixture
@@ -68,7 +68,8 @@ def test_every_selected_path_is_an_exact_recorded_context(store: Store) -> None:
     batch, _ = build_batch(store, [w.execution_id], SourceConfig(jmax=8))
     leaves = torch.nonzero(~torch.isnan(batch.leaf_reward)).flatten().tolist()
     recorded = {tuple(w.context(n).tolist()) for n in w.leaves()}
-    assert leaves and all(tuple(_path_tokens(batch, leaf)) in recorded for leaf in leaves)
+    assert leaves
+    assert all(tuple(_path_tokens(batch, leaf)) in recorded for leaf in leaves)
     trainable_roles = set(batch.role[batch.trainable].tolist())
     assert trainable_roles == {ACTION, SUMMARY}, "summary tokens are trainable"
     assert int((batch.segment_parent >= 0).sum()) == 2, "two compaction links"
@@ -91,7 +92,8 @@ def test_rewards_follow_the_policy(store: Store) -> None:
     assert torch.allclose(rewards, torch.full_like(rewards, score))
     zero, used = build_batch(store, [timeout.execution_id, err.execution_id],
                              SourceConfig(reward=RewardPolicy(timeout="zero", error="zero")))
-    assert len(used) == 2 and float(zero.leaf_reward.nan_to_num(0).abs().sum()) == 0
+    assert len(used) == 2
+    assert float(zero.leaf_reward.nan_to_num(0).abs().sum()) == 0
 
 
 def test_frozen_summarizer_keeps_summaries_in_context_only(store: Store) -> None:
@@ -117,7 +119,8 @@ def test_run_is_consumed_exactly_once(store: Store) -> None:
         seen += got.execution_ids
         assert not got.complete()
     b.close()
-    assert sorted(seen) == sorted(set(seen)) and len(seen) == 7
+    assert sorted(seen) == sorted(set(seen))
+    assert len(seen) == 7
     assert a.next_batch() is None
 
 
@@ -134,4 +137,5 @@ def test_replay_order_is_reproducible(store: Store) -> None:
             order += got.execution_ids
             got.complete()
         orders.append(order)
-    assert orders[0] == orders[1] and len(orders[0]) == 6
+    assert orders[0] == orders[1]
+    assert len(orders[0]) == 6

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.learner_helpers import replay_store
 from sapwood.learner.audit import audit_training
 from sapwood.learner.checkpoint import CheckpointError
 from sapwood.learner.config import CriticConfig, LearnerConfig, SourceConfig
@@ -18,6 +17,7 @@ from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished
 from sapwood.platform.storage.learner_reads import policy_history
 from sapwood.platform.store import Store
+from tests.support.replay_store import replay_store
 
 
 def _learner(store: Store, ckpt: Path, name: str, *, warmup: int = 0) -> Learner:
@@ -33,16 +33,19 @@ def test_each_version_names_the_executions_it_trained_and_warm_up_batches_commit
     _, store, _ = replay_store(tmp_path / "s.db", 4)
     learner = _learner(store, tmp_path / "ck", "L", warmup=1)
     first = learner.step()
-    assert first is not None and first["train/critic_warmup"] == 1.0
+    assert first is not None
+    assert first["train/critic_warmup"] == 1.0
     with store.transaction() as conn:  # the warm-up step is trained but not committed: still claimed
         assert runs.run_progress(conn, "train") == {"pending": 3, "claimed": 1, "done": 0}
     learner.run(idle_timeout_s=0.0)
     audit = audit_training(store, "train")
     assert audit.ok, audit
-    assert audit.versions == [1, 2, 3] and audit.trained == 4
+    assert audit.versions == [1, 2, 3]
+    assert audit.trained == 4
     with store.transaction() as conn:
         first_version = policy_history(conn, "train")[0][2]
-    assert len(first_version["execution_ids"]) == 2 and first_version["batches"] == 2  # warm-up + joint step
+    assert len(first_version["execution_ids"]) == 2
+    assert first_version["batches"] == 2  # warm-up + joint step
 
 
 def test_a_claim_lost_during_the_step_rolls_the_commit_back_and_reloads_the_published_state(
@@ -63,7 +66,8 @@ def test_a_claim_lost_during_the_step_rolls_the_commit_back_and_reloads_the_publ
         return metrics
 
     learner.trainer.train_step = step_then_lose_the_claim  # type: ignore[method-assign]
-    assert learner.train(claimed) is None and learner.lost_claims == 1
+    assert learner.train(claimed) is None
+    assert learner.lost_claims == 1
     assert latest_policy(store, "train")[0] == 1  # type: ignore[index]
     assert learner.backend.policy_version == 1
     for p, q in zip(learner.backend.model.parameters(), v1, strict=True):
@@ -79,14 +83,19 @@ def test_two_learners_on_one_run_publish_contiguous_versions_each_execution_once
     assert b.step() is not None  # B publishes version 1
     # A, still at version 0, trains the next execution and loses the race for version 1: its commit rolls
     # back, the execution returns to the queue, and A continues from B's published checkpoint
-    assert a.step() is None and a.lost_claims == 1 and a.backend.policy_version == 1
+    assert a.step() is None
+    assert a.lost_claims == 1
+    assert a.backend.policy_version == 1
     for p, q in zip(a.backend.model.parameters(), b.backend.model.parameters(), strict=True):
         assert torch.equal(p, q)
-    assert a.step() is not None and a.backend.policy_version == 2
+    assert a.step() is not None
+    assert a.backend.policy_version == 2
     b.resume()
     b.run(idle_timeout_s=0.0)
     audit = audit_training(store, "train")
-    assert audit.ok and audit.versions == [1, 2, 3, 4] and audit.trained == 4, audit
+    assert audit.ok, audit
+    assert audit.versions == [1, 2, 3, 4], audit
+    assert audit.trained == 4, audit
 
 
 def test_a_version_published_without_a_digest_cannot_be_returned_to(tmp_path: Path) -> None:

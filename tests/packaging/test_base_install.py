@@ -95,7 +95,9 @@ def test_recorder_store_and_ingest_import_and_record_without_the_heavy_packages(
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"sapwood.ingest.service", "sapwood.ingest.deadletters"} <= set(out["ingest"])
-    assert out["executions"] == {"success": 1} and out["calls"] == 1 and out["finished"] == 1
+    assert out["executions"] == {"success": 1}
+    assert out["calls"] == 1
+    assert out["finished"] == 1
     assert out["heavy"] == []
 
 
@@ -114,12 +116,20 @@ def test_cli_starts_and_names_the_demo_extra_without_it(tmp_path: Path) -> None:
     ''', str(db))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["help"][0] == 0 and "demo" in out["help"][1] and "ingest" in out["help"][1]
+    assert out["help"][0] == 0
+    assert "demo" in out["help"][1]
+    assert "ingest" in out["help"][1]
     assert out["stats"][0] == 0, out["stats"]  # base commands work
-    assert out["ingest"][0] == 0 and "--bootstrap" in out["ingest"][1]  # the compose ingest service's install
+    assert out["ingest"][0] == 0
+    assert "--bootstrap" in out["ingest"][1]  # the compose ingest service's install
     # The API imports pyarrow (Parquet export) with its routes: pyarrow is the api extra's.
-    assert out["serve"][0] == 1 and "pyarrow" in out["serve"][1] and "sapwood[api]" in out["serve"][1]
-    assert out["demo"][0] == 1 and "torch" in out["demo"][1]
+    assert out["serve"][0] == 1
+    assert "pyarrow" in out["serve"][1]
+    assert "sapwood[api]" in out["serve"][1]
+    assert out["demo"][0] == 1
+    assert "torch" in out["demo"][1]
     assert "install sapwood[demo] (pip install 'sapwood[demo]')" in out["demo"][1]
-    assert out["elastic"][0] == 1 and "sapwood[demo" in out["elastic"][1]
-    assert out["learn"][0] == 1 and "sapwood[learner]" in out["learn"][1]
+    assert out["elastic"][0] == 1
+    assert "sapwood[demo" in out["elastic"][1]
+    assert out["learn"][0] == 1
+    assert "sapwood[learner]" in out["learn"][1]

@@ -6,12 +6,12 @@ import struct
 
 import numpy as np
 import sqlalchemy as sa
-from tests.support.bulk_insert import bulk_insert
 
 from sapwood.platform import schema as t
 from sapwood.platform.bulkcopy import COPY_MIN_ROWS, frame_span, text_payload
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import DIGEST_SIZE
+from tests.support.bulk_insert import bulk_insert
 
 AWKWARD = ["", "tab\there", "line\nbreak\r\n", "back\\slash \\N \\.", "ünïcødé ✓", "quote \" ' ,"]
 
@@ -31,7 +31,8 @@ def test_awkward_values_round_trip(store: Store) -> None:
                                      t.events.c.body).order_by(t.events.c.pos)).all()
     assert [(r.event_id, r.kind, r.created_at, r.body) for r in got] == [
         (r["event_id"], r["kind"], r["created_at"], r["body"]) for r in rows]
-    assert got[1].seq == 7 and got[0].seq is None
+    assert got[1].seq == 7
+    assert got[0].seq is None
 
 
 def test_copy_text_per_column_type() -> None:
@@ -57,7 +58,8 @@ def _parse_span_row(data: bytes) -> tuple[int, bytes, int, bytes]:
     digest = data[6 : 6 + n_digest]
     n_enc, encoding, n_data = struct.unpack_from("!ihi", data, 6 + n_digest)
     payload = data[6 + n_digest + 10 :]
-    assert n_enc == 2 and len(payload) == n_data
+    assert n_enc == 2
+    assert len(payload) == n_data
     return fields, digest, encoding, payload
 
 

@@ -10,7 +10,7 @@ from sapwood.platform.codec import decode, encode, peek_key
 from sapwood.platform.errors import UnknownParentError, ValidationError
 from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned, SwitchPhase
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def cell_history(t0: float = 1000.0) -> list:
@@ -38,10 +38,13 @@ def test_cells_projection_and_decisions(store: Store) -> None:
     c7 = cells["cell-7"]
     assert (c7.tier, c7.capacity, c7.role, c7.role_since) == ("satellite", 4, "train", 1060.0)
     assert (c7.heartbeats, c7.last_heartbeat_at, c7.role_changes) == (3, 1070.0, 2)
-    assert c7.switch_s == pytest.approx(5.5) and c7.last_phase == "load"
-    assert cells["cell-1"].role == "idle" and cells["cell-1"].heartbeats == 0
+    assert c7.switch_s == pytest.approx(5.5)
+    assert c7.last_phase == "load"
+    assert cells["cell-1"].role == "idle"
+    assert cells["cell-1"].heartbeats == 0
     assert [d.role for d in decisions] == ["rollout", "train"]
-    assert decisions[1].signals == {"rollout_demand": 2} and "surplus" in decisions[1].reason
+    assert decisions[1].signals == {"rollout_demand": 2}
+    assert "surplus" in decisions[1].reason
     assert sorted(p.phase for p in phases) == ["drain", "load"]
 
 
@@ -96,5 +99,6 @@ def test_cell_events_validate(event, message: str) -> None:  # type: ignore[no-u
 def test_cell_events_round_trip_the_codec_and_key_by_cell() -> None:
     for ev in cell_history():
         back = decode(encode(ev))
-        assert type(back) is type(ev) and back.scalar_fields() == ev.scalar_fields()
+        assert type(back) is type(ev)
+        assert back.scalar_fields() == ev.scalar_fields()
         assert peek_key(ev) == ev.cell_id.encode()

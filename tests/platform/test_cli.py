@@ -25,7 +25,8 @@ def _command_paths(cmd: object, prefix: tuple[str, ...] = ()) -> list[tuple[str,
 def test_every_command_has_help() -> None:
     root = typer.main.get_command(app)
     paths = _command_paths(root)
-    assert ("synth",) in paths and ("db", "upgrade") in paths
+    assert ("synth",) in paths
+    assert ("db", "upgrade") in paths
     for path in paths:
         result = runner.invoke(app, [*path, "--help"])
         assert result.exit_code == 0, (path, result.output)
@@ -38,10 +39,12 @@ def test_synth_stats_and_rebuild(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output.strip().splitlines()[-1])
     assert figures["executions"] == {"success": 2}
-    assert figures["fork_points"] == 8 and figures["compactions"] == 4
+    assert figures["fork_points"] == 8
+    assert figures["compactions"] == 4
     assert figures["dedup_ratio"] > 1
     rebuilt = runner.invoke(app, ["rebuild", "--database-url", url])
-    assert rebuilt.exit_code == 0 and "rebuild identical" in rebuilt.output
+    assert rebuilt.exit_code == 0
+    assert "rebuild identical" in rebuilt.output
 
 
 def test_db_commands(tmp_path: Path) -> None:

@@ -7,12 +7,14 @@ import pytest
 from sapwood.platform.codec import MAGIC, decode, encode
 from sapwood.platform.errors import DecodeError, DTypeError, LengthMismatchError, SchemaVersionError
 from sapwood.platform.events import ModelCall
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def _same(a, b) -> None:
     assert type(a) is type(b)
-    assert a.event_id == b.event_id and a.seq == b.seq and a.execution_id == b.execution_id
+    assert a.event_id == b.event_id
+    assert a.seq == b.seq
+    assert a.execution_id == b.execution_id
     assert a.scalar_fields() == b.scalar_fields()
     for name, arr in a.array_fields().items():
         other = b.array_fields()[name]

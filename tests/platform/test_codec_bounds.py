@@ -17,14 +17,15 @@ from sapwood.platform.codec import decode as decode_event
 from sapwood.platform.codec import encode, payload_size
 from sapwood.platform.errors import DecodeError, PayloadTooLargeError, ValidationError
 from sapwood.platform.events import Prompt
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 @pytest.mark.parametrize(("declare_size", "frames"), [(True, 1), (False, 1), (False, 4), (True, 3)])
 def test_streamed_and_multi_frame_payloads_decode_exactly(declare_size: bool, frames: int) -> None:
     for ev in small_execution(5).events:
         got = decode_event(recompressed(ev, declare_size=declare_size, frames=frames))
-        assert got.event_id == ev.event_id and got.scalar_fields() == ev.scalar_fields()
+        assert got.event_id == ev.event_id
+        assert got.scalar_fields() == ev.scalar_fields()
         for name, arr in ev.array_fields().items():
             np.testing.assert_array_equal(got.array_fields()[name], arr)
 

@@ -15,7 +15,8 @@ def _services() -> dict[str, Any]:
     data = yaml.safe_load(COMPOSE.read_text())
     assert isinstance(data, dict)
     services = data.get("services")
-    assert isinstance(services, dict) and services
+    assert isinstance(services, dict)
+    assert services
     return services
 
 

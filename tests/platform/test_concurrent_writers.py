@@ -63,7 +63,8 @@ def test_same_new_span_from_two_transactions(pg_url: str, retries: int) -> None:
     racer.join(20)
     assert not racer.is_alive()
     if retries == 0:  # the race really happened, surfaced as Sapwood's conflict error
-        assert "constraint" in str(result["error"]) and "r" not in result
+        assert "constraint" in str(result["error"])
+        assert "r" not in result
         store.close()
         return
     assert "r" in result, result

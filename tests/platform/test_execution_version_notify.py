@@ -14,7 +14,7 @@ from sapwood.api.versions import CHANNEL, TRIGGER
 from sapwood.platform.bulkcopy import COPY_MIN_ROWS
 from sapwood.platform.events import PartialScore
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 

@@ -40,7 +40,8 @@ def test_full_token_call_lands_where_the_delta_would(store: Store, segment: int)
     after = obs1 if segment == 1 else obs0
     call = _full_call(w, after, [19, 20])
     expected_parent, matched = w.longest_prefix_node(call.appended)
-    assert expected_parent == after and matched == w.context_length(after), "the recorder would send a delta"
+    assert expected_parent == after, "the recorder would send a delta"
+    assert matched == w.context_length(after), "the recorder would send a delta"
     store.apply([*w.events, call])
     with store.transaction() as conn:
         row = conn.execute(sa.select(t.calls).where(t.calls.c.call_id == call.call_id)).mappings().one()
@@ -49,7 +50,9 @@ def test_full_token_call_lands_where_the_delta_would(store: Store, segment: int)
         tree_before = sum(int(e.n_tokens()) for e in w.events if e.kind != "model_call") + sum(
             int(e.appended.size + e.output_ids.size) for e in w.events if isinstance(e, ModelCall))
     assert row["segment"] == segment
-    assert str(input_node["parent_id"]) == after and input_node["length"] == 2 and input_node["segment"] == segment
+    assert str(input_node["parent_id"]) == after
+    assert input_node["length"] == 2
+    assert input_node["segment"] == segment
     assert row["input_len"] == call.appended.size
     np.testing.assert_array_equal(store.reconstruct_input(call.call_id), call.appended)
     assert n_tokens == tree_before + 2 + 2, "only the two new input tokens and the output were added"
@@ -64,7 +67,8 @@ def test_full_token_call_of_exactly_a_stored_context_adds_no_input_node(store: S
     store.apply([*w.events, call])
     with store.transaction() as conn:
         row = conn.execute(sa.select(t.calls).where(t.calls.c.call_id == call.call_id)).mappings().one()
-    assert str(row["input_node"]) == obs1 and row["segment"] == 1
+    assert str(row["input_node"]) == obs1
+    assert row["segment"] == 1
     np.testing.assert_array_equal(store.reconstruct_input(call.call_id), call.appended)
 
 

@@ -16,7 +16,7 @@ from sapwood.platform.span_encoding import ENC_RAW
 from sapwood.platform.spans import insert_span_rows, new_span_rows
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 
@@ -42,7 +42,8 @@ def test_upgrade_downgrade_upgrade_keeps_data(pg_url: str) -> None:
 
     store.downgrade("0001")
     assert store.current_revision() == "0001"
-    assert "runs" not in _tables(store) and "events" in _tables(store)
+    assert "runs" not in _tables(store)
+    assert "events" in _tables(store)
     assert "cells" not in _tables(store)
     with store.transaction() as conn:
         assert projection_hash(conn, OLD_PROJECTIONS) == live_0001, "the events and projections survive the downgrade"
@@ -81,7 +82,8 @@ def test_span_encoding_downgrade_widens_spans(pg_url: str) -> None:
     store.downgrade("0003")
     with store.transaction() as conn:
         rows = conn.execute(sa.text("SELECT digest, data FROM spans")).all()
-    assert rows and all(digest_bytes(bytes(d)) == bytes(k) for k, d in rows), "canonical bytes after downgrade"
+    assert rows, "canonical bytes after downgrade"
+    assert all(digest_bytes(bytes(d)) == bytes(k) for k, d in rows), "canonical bytes after downgrade"
 
     store.migrate()
     for call_id, ids in before.items():
@@ -104,7 +106,8 @@ def test_spans_up_to_a_page_stay_inline(pg_url: str) -> None:
     writer = small_execution(5, obs_min=2500, obs_max=3500)  # observations of 5–7 KB stored as uint16
     store.apply(writer.events)
     options, chunks = _span_storage(store)
-    assert options == ["toast_tuple_target=8160"] and chunks == 0
+    assert options == ["toast_tuple_target=8160"]
+    assert chunks == 0
 
     store.downgrade("0005")
     assert _span_storage(store)[0] is None

@@ -35,7 +35,8 @@ def test_server_answers_a_real_query(postgres_url: str) -> None:
 
 def test_pg_url_is_a_fresh_database_that_is_dropped_afterwards(postgres_url: str, pg_url: str) -> None:
     name = make_url(pg_url).database
-    assert name and name.startswith("sapwood_test_")
+    assert name
+    assert name.startswith("sapwood_test_")
     assert name != make_url(postgres_url).database
     _DATABASES_SEEN.append(name)
     engine = create_engine(pg_url)

@@ -43,9 +43,13 @@ def test_the_three_formats_read_the_same_prompts(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(uniform), parquet)
     folder = _saved_dataset(tmp_path / "saved", uniform)
     rows = read_dataset(jsonl)
-    assert rows[0].task_id == "add-1" and rows[0].task_family == "math" and rows[0].metadata == {"answer": "4"}
+    assert rows[0].task_id == "add-1"
+    assert rows[0].task_family == "math"
+    assert rows[0].metadata == {"answer": "4"}
     assert rows[1].prompt[1] == {"role": "user", "content": "Capital of France?"}
-    assert rows[1].task_id == "prompt-1" and rows[1].task_family == "default" and rows[1].metadata == {"source": "geo"}
+    assert rows[1].task_id == "prompt-1"
+    assert rows[1].task_family == "default"
+    assert rows[1].metadata == {"source": "geo"}
     assert [r.prompt for r in read_dataset(parquet)] == [r.prompt for r in read_dataset(folder)] == ["What is 2 + 2?",
                                                                                                      "x"]
     with pytest.raises(ValidationError, match="splits"):
@@ -81,7 +85,10 @@ def test_add_prompts_cli_queues_samples_per_epoch_and_stats_shows_them(tmp_path:
         assert prompt_progress(conn, "rl-1") == {e: {"pending": 4, "claimed": 0, "done": 0, "abandoned": 0}
                                                  for e in range(3)}
     stats = CliRunner().invoke(app, ["stats", "--database-url", url])
-    assert stats.exit_code == 0 and "Prompt queues" in stats.output and "rl-1" in stats.output
+    assert stats.exit_code == 0
+    assert "Prompt queues" in stats.output
+    assert "rl-1" in stats.output
     bad = CliRunner().invoke(app, ["runs", "add-prompts", "rl-1", "--from", str(tmp_path / "nope.jsonl"),
                                    "--database-url", url])
-    assert bad.exit_code == 2 and "does not exist" in " ".join(bad.output.split())
+    assert bad.exit_code == 2
+    assert "does not exist" in " ".join(bad.output.split())

@@ -16,7 +16,7 @@ from sapwood.platform.span_encoding import decode_span
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import expected_input
+from tests.support.histories import expected_input
 
 VOCAB = 64
 # One op: (kind, which existing node to continue from, length, payload seed)

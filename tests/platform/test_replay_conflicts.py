@@ -15,7 +15,7 @@ from sapwood.platform.events import Event, ExecutionFinished, ModelCall, Observa
 from sapwood.platform.replays import content_digest
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def _first(events: list[Event], cls: type[Event]) -> Event:
@@ -34,7 +34,9 @@ def test_identical_replays_from_the_wire_are_duplicates(store: Store) -> None:
     w = small_execution(11)
     store.apply(w.events)
     again = store.apply([decode(encode(e, compress=True)) for e in w.events])
-    assert again.duplicates == len(w.events) and not again.applied and not again.rejected
+    assert again.duplicates == len(w.events)
+    assert not again.applied
+    assert not again.rejected
 
 
 @pytest.mark.parametrize(("cls", "name"), [(Observation, "token_ids"), (ModelCall, "output_ids"),
@@ -46,7 +48,8 @@ def test_a_flipped_array_value_is_a_conflict_naming_the_array(store: Store, cls:
     with pytest.raises(ConflictError, match=f"{name} differ"):
         store.apply([clash])
     result = store.apply([clash], strict=False)
-    assert [r.error.reason for r in result.rejected] == ["conflict"] and result.duplicates == 0
+    assert [r.error.reason for r in result.rejected] == ["conflict"]
+    assert result.duplicates == 0
 
 
 def test_a_changed_scalar_is_a_conflict_naming_the_field(store: Store) -> None:
@@ -84,7 +87,8 @@ def test_conflicting_ids_inside_one_batch(store: Store) -> None:
     with pytest.raises(ConflictError, match="twice in one batch"):
         store.apply([*w.events, clash])
     same = store.apply([*w.events, copy.copy(obs)])
-    assert same.duplicates == 1 and len(same.applied) == len(w.events)
+    assert same.duplicates == 1
+    assert len(same.applied) == len(w.events)
 
 
 def test_every_stored_event_keeps_its_content_digest(store: Store) -> None:

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+
 from tests.support.services import services_module
 
 

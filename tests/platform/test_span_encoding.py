@@ -30,7 +30,8 @@ def test_narrowest_form_that_holds_the_largest_id(high: int, encoding: int, size
 def test_large_vocabulary_costs_2_25_bytes_per_token() -> None:
     ids = np.random.default_rng(0).integers(0, 151_936, 10_000, dtype=np.int32)
     enc, data = encode_span(ids)
-    assert enc == ENC_U16_HIGH_BITS and len(data) == 5 + 22_500
+    assert enc == ENC_U16_HIGH_BITS
+    assert len(data) == 5 + 22_500
     assert decode_span(enc, memoryview(data)) == ids.tobytes()
 
 

@@ -6,7 +6,6 @@ import numpy as np
 import psycopg
 import pytest
 import sqlalchemy as sa
-from tests.support.histories import small_execution
 
 from sapwood.platform import apply as apply_module
 from sapwood.platform import schema as t
@@ -17,6 +16,7 @@ from sapwood.platform.span_stream import SpanStream
 from sapwood.platform.spans import load_spans
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
+from tests.support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 
@@ -54,7 +54,8 @@ def test_rows_survive_a_pause_for_a_query(pg_store: Store) -> None:
         for digest, arr in spans[3:]:
             stream.add(digest, arr)
         stream.close()
-        assert stream.rows == 5 and stream.copies == 2
+        assert stream.rows == 5
+        assert stream.copies == 2
         stored = load_spans(conn, [d for d, _ in spans])
     assert {d: np.frombuffer(stored[d], dtype=np.int32).tolist() for d, _ in spans} == {
         d: arr.tolist() for d, arr in spans}

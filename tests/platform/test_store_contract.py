@@ -22,7 +22,7 @@ from sapwood.platform.events import ModelCall, PolicyPublished
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import input_digest
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import expected_input, small_execution
+from tests.support.histories import expected_input, small_execution
 
 
 def _counts(store: Store) -> dict[str, int]:
@@ -38,9 +38,11 @@ def test_apply_then_reconstruct_every_input_exactly(store: Store) -> None:
     t0 = time.perf_counter()
     result = store.apply(w.events)
     wall = time.perf_counter() - t0
-    assert len(result.applied) == len(w.events) and not result.rejected
+    assert len(result.applied) == len(w.events)
+    assert not result.rejected
     assert set(result.timings) == {"lookups", "digests", "plan", "spans", "payloads", "store"}
-    assert all(v >= 0 for v in result.timings.values()) and sum(result.timings.values()) <= wall
+    assert all(v >= 0 for v in result.timings.values())
+    assert sum(result.timings.values()) <= wall
     calls = [e for e in w.events if isinstance(e, ModelCall)]
     assert len(calls) > 10
     for call in calls:
@@ -79,16 +81,19 @@ def test_duplicate_events_change_nothing(store: Store) -> None:
     store.apply(w.events)
     before, counts = store.projection_hash(), _counts(store)
     again = store.apply(w.events)
-    assert again.duplicates == len(w.events) and not again.applied
+    assert again.duplicates == len(w.events)
+    assert not again.applied
     half = store.apply(w.events[: len(w.events) // 2] + w.events[:3])
     assert half.duplicates == len(w.events) // 2 + 3
-    assert store.projection_hash() == before and _counts(store) == counts
+    assert store.projection_hash() == before
+    assert _counts(store) == counts
 
 
 def test_duplicate_inside_one_batch_is_applied_once(store: Store) -> None:
     w = small_execution(3)
     result = store.apply(w.events[:5] + w.events[2:4] + w.events[5:])
-    assert result.duplicates == 2 and len(result.applied) == len(w.events)
+    assert result.duplicates == 2
+    assert len(result.applied) == len(w.events)
 
 
 def test_reused_event_id_with_other_content_is_a_conflict(store: Store) -> None:
@@ -111,7 +116,8 @@ def test_batch_is_atomic(store: Store) -> None:
     call.input_digest = "0" * 32
     with pytest.raises(DigestMismatchError):
         store.apply(good.events + bad.events[4 : idx + 1])
-    assert store.projection_hash() == before and _counts(store) == counts
+    assert store.projection_hash() == before
+    assert _counts(store) == counts
 
 
 def test_sequence_gap_and_reuse_are_rejected_with_expectations(store: Store) -> None:
@@ -186,7 +192,10 @@ def test_partial_score_revisions_in_order(store: Store) -> None:
     store.apply(w.events)
     with store.transaction() as conn:
         row = conn.execute(sa.select(t.executions).where(t.executions.c.execution_id == w.execution_id)).one()
-    assert row.status == "timeout" and row.reward is None and row.score is not None and row.score_revision == 0
+    assert row.status == "timeout"
+    assert row.reward is None
+    assert row.score is not None
+    assert row.score_revision == 0
     w.score(0.9, scorer="regrade")
     assert store.apply(w.events[-1:]).applied
     skip = w.score(0.1)
@@ -216,7 +225,8 @@ def test_collect_mode_rejects_bad_events_and_applies_the_rest(store: Store) -> N
     call.input_digest = "f" * 32
     result = store.apply(a.events + b.events, strict=False)
     reasons = {r.error.reason for r in result.rejected}
-    assert reasons <= {"digest_mismatch", "sequence"} and "digest_mismatch" in reasons
+    assert reasons <= {"digest_mismatch", "sequence"}
+    assert "digest_mismatch" in reasons
     assert all(r.event.execution_id == a.execution_id for r in result.rejected)
     assert {e.event_id for e in result.applied} >= {e.event_id for e in b.events}
 
@@ -340,7 +350,8 @@ def test_rejected_events_leave_no_trace(store: Store) -> None:
 
     result = store.apply(events, strict=False)
     refused = {r.event.event_id: r.error for r in result.rejected}
-    assert len(refused) == len(bad) and len(result.applied) == len(events) - len(bad)
+    assert len(refused) == len(bad)
+    assert len(result.applied) == len(events) - len(bad)
     for case, (ev, error) in bad.items():
         assert isinstance(refused[ev.event_id], error), case  # type: ignore[attr-defined]
     live = store.projection_hash()

@@ -83,12 +83,16 @@ def test_sglang_request_and_response_mapping(sglang: tuple[str, type[_FakeSGLang
                                                     stop_token_ids=(2,)))
     path, body = handler.requests[-1]
     assert path == "/generate"
-    assert body["input_ids"] == [5, 6, 7] and body["return_logprob"] is True and body["stream"] is False
+    assert body["input_ids"] == [5, 6, 7]
+    assert body["return_logprob"] is True
+    assert body["stream"] is False
     assert body["sampling_params"] == {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 8, "stop_token_ids": [2]}
     assert gen.output_ids.tolist() == [17, 4242, 2]
     np.testing.assert_allclose(gen.logprobs, [-0.25, -1.5, 0.0])
-    assert gen.output_ids.dtype == np.int32 and gen.logprobs.dtype == np.float32
-    assert gen.finish_reason == "stop" and gen.policy_version == 7
+    assert gen.output_ids.dtype == np.int32
+    assert gen.logprobs.dtype == np.float32
+    assert gen.finish_reason == "stop"
+    assert gen.policy_version == 7
     assert gen.timings["server_latency_s"] == pytest.approx(0.05)
     engine.close()
 
@@ -100,7 +104,8 @@ def test_sglang_version_falls_back_to_the_pushed_one(sglang: tuple[str, type[_Fa
     engine = SGLangEngine(url, latest=lambda: published, refresh_interval_s=0.0)
     gen = engine.generate([1], SamplingParams(max_new_tokens=1))
     assert handler.requests[0] == ("/update_weights_from_disk", {"model_path": published[1], "weight_version": "4"})
-    assert gen.policy_version == 4 and gen.output_ids.tolist() == [9]
+    assert gen.policy_version == 4
+    assert gen.output_ids.tolist() == [9]
     engine.generate([1], SamplingParams(max_new_tokens=1))
     assert [p for p, _ in handler.requests].count("/update_weights_from_disk") == 1  # not newer: no reload
 

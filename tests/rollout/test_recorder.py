@@ -57,7 +57,8 @@ def test_input_sent_as_parent_plus_appended_with_full_digest() -> None:
     ex.observe(obs)
     second_in = np.concatenate([ctx, first.appended, out, obs, toks(2)])
     second = ex.call(second_in, toks(5), lps(5))
-    assert first.parent is not None and first.appended.size == 2
+    assert first.parent is not None
+    assert first.appended.size == 2
     assert second.parent == ex.writer.nodes[ex.writer.nodes[second.output_node_id].parent or ""].parent
     assert second.appended.size == 2, "only the new tokens travel"
     assert second.input_digest == input_digest(second_in)
@@ -69,7 +70,8 @@ def test_input_extending_no_node_goes_as_full_tokens() -> None:
     ex = rec.start("t", prompt=toks(30))
     fresh = toks(25)
     call = ex.call(fresh, toks(3), lps(3))
-    assert call.parent is None and np.array_equal(call.appended, fresh)
+    assert call.parent is None
+    assert np.array_equal(call.appended, fresh)
     assert call.input_digest == input_digest(fresh)
 
 
@@ -128,7 +130,9 @@ def test_fork_compaction_and_segments_round_trip_through_the_store(tmp_path: Pat
     for call_id, inp in inputs.items():
         assert np.array_equal(store.reconstruct_input(call_id), inp)
     s = store.stats()
-    assert s["compactions"] == 1 and s["fork_points"] == 1 and s["executions"] == {"timeout": 1}
+    assert s["compactions"] == 1
+    assert s["fork_points"] == 1
+    assert s["executions"] == {"timeout": 1}
     store.close()
 
 
@@ -172,7 +176,8 @@ def test_block_exit_finishes_with_error() -> None:
         raise RuntimeError("engine crashed")
     last = transport.events[-1]
     assert last.kind == "execution_finished"
-    assert last.status == "error" and "engine crashed" in last.message  # type: ignore[attr-defined]
+    assert last.status == "error"
+    assert "engine crashed" in last.message  # type: ignore[attr-defined]
 
 
 class LimitedTransport(MemoryTransport):

@@ -33,8 +33,10 @@ def test_local_engine_logprobs_equal_learner_tree_forward(model: TinyActorCritic
     engine = LocalTorchEngine(CFG, state=model.state_dict(), seed=3, logprobs=mode)  # type: ignore[arg-type]
     prompt = [1, 2, 3, 20, 21, 22, 4]
     gen = engine.generate(prompt, SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=12))
-    assert gen.output_ids.dtype == np.int32 and gen.logprobs.dtype == np.float32
-    assert gen.output_ids.size == gen.logprobs.size == 12 and gen.finish_reason == "length"
+    assert gen.output_ids.dtype == np.int32
+    assert gen.logprobs.dtype == np.float32
+    assert gen.output_ids.size == gen.logprobs.size == 12
+    assert gen.finish_reason == "length"
     b = TreeBatchBuilder()
     e = b.add_execution("x")
     end = b.add_run(e, -1, prompt, PROMPT)
@@ -54,7 +56,8 @@ def test_stop_tokens_and_top_p(model: TinyActorCritic) -> None:
     top = int(probs.argmax())
     gen = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=5, stop_token_ids=(top,), top_p=1e-6))
     # top-p that keeps one token is greedy; the stop token ends the call and is part of the output
-    assert gen.output_ids.tolist() == [top] and gen.finish_reason == "stop"
+    assert gen.output_ids.tolist() == [top]
+    assert gen.finish_reason == "stop"
     assert gen.logprobs[0] == pytest.approx(0.0, abs=1e-6)  # the sampled distribution had one token
 
 
@@ -81,9 +84,11 @@ def test_local_engine_serves_the_newest_published_version(tmp_path: Path, model:
     torch.save({"model": newer.state_dict(), "actor_opt": {}, "policy_version": 3}, path)
     store.apply([PolicyPublished(run_id="run", version=3, checkpoint=str(path))])
     gen = engine.generate([1, 2], params)
-    assert gen.policy_version == 3 and engine.loads == 1
+    assert gen.policy_version == 3
+    assert engine.loads == 1
     for name, value in newer.state_dict().items():
         torch.testing.assert_close(engine.model.state_dict()[name], value)
     store.apply([PolicyPublished(run_id="run", version=2, checkpoint=str(path))])  # older: ignored
-    assert engine.generate([1, 2], params).policy_version == 3 and engine.loads == 1
+    assert engine.generate([1, 2], params).policy_version == 3
+    assert engine.loads == 1
     assert set(load_model_state(path)) == set(newer.state_dict())

@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka import KafkaConsumer
 
-from ingest.ingest_helpers import Ledger, create_topic
+from tests.support.kafka_ingest import Ledger, create_topic
 
 SMALL = SynthConfig(calls=8, forks=1, fork_depth=1, segments=2, obs_min=5, obs_max=30, out_min=3, out_max=20,
                     system_tokens=30, task_tokens=10, summary_tokens=8, vocab_size=500)
@@ -62,7 +62,8 @@ def test_kafka_transport_delivers_every_event_keyed_by_execution(kafka_bootstrap
             transport.send(ev)
         transport.flush(30)
         assert transport.buffered_bytes == 0
-    assert len(ledger.acked) == len(events) and not ledger.failed
+    assert len(ledger.acked) == len(events)
+    assert not ledger.failed
     records = read_all(kafka_bootstrap, topic, len(events))
     assert len(records) == len(events)
     by_id = {e.event_id: e for e in events}
@@ -112,5 +113,7 @@ def test_broker_refusal_is_raised_as_delivery_error(kafka_bootstrap: str) -> Non
     ex.prompt(np.arange(1000, dtype=np.int32))  # ~4 KB: the topic refuses it
     with pytest.raises(DeliveryError, match="prompt") as info:
         transport.close(30)
-    assert len(info.value.failures) == 1 and len(ledger.failed) == 1 and len(ledger.acked) == 1
+    assert len(info.value.failures) == 1
+    assert len(ledger.failed) == 1
+    assert len(ledger.acked) == 1
     assert rec.broken(ex.execution_id) is None  # the recorder learns only when it flushes or sends again

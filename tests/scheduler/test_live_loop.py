@@ -16,7 +16,7 @@ from sapwood.rollout.transports import InProcessTransport
 from sapwood.scheduler.live_loop import LoggingActuator, SchedulerLoop
 from sapwood.scheduler.live_signals import LiveSignalReader
 from sapwood.scheduler.policies import ElasticPolicy
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def fill(store: Store, now: float) -> None:
@@ -39,18 +39,22 @@ def test_loop_records_decisions_as_events_and_does_not_repeat_them(pg_url: str) 
     loop = SchedulerLoop(reader.read, ElasticPolicy(min_dwell_s=0), InProcessTransport(store, batch_size=1),
                          actuator)
     first = loop.tick()
-    assert first.signals.backlog_executions == 4 and first.signals.in_flight == 2
+    assert first.signals.backlog_executions == 4
+    assert first.signals.in_flight == 2
     assert {c.cell_id for c in first.signals.cells if c.lost} == {"cell-3"}
     roles = set(first.moves.values())
-    assert ("idle", "train") in roles and ("idle", "rollout") in roles, first.decision.reasons
+    assert ("idle", "train") in roles, first.decision.reasons
+    assert ("idle", "rollout") in roles, first.decision.reasons
     assert "cell-3" not in first.moves, "a lost cell is never given work"
     with store.engine.connect() as conn:
         decisions = conn.execute(sa.select(t.scheduler_decisions)).mappings().all()
         cells = {r.cell_id: r.role for r in conn.execute(sa.select(t.cells))}
     assert len(decisions) == len(first.moves) == len(actuator.moves)
     for d in decisions:
-        assert d["reason"] and d["policy"] == "elastic"
-        assert d["signals"]["backlog_executions"] == 4 and d["signals"]["in_flight"] == 2
+        assert d["reason"]
+        assert d["policy"] == "elastic"
+        assert d["signals"]["backlog_executions"] == 4
+        assert d["signals"]["in_flight"] == 2
         assert cells[d["cell_id"]] == d["role"]
     second = loop.tick()
     assert all(second.moves.get(c) is None for c in first.moves), "a move already made is not made again"
@@ -68,7 +72,8 @@ def test_run_command_ticks_and_exits(pg_url: str) -> None:
                                       "--ticks", "2", "--tick-s", "0.05", "--policy-arg", "min_dwell_s=0"])
     assert result.exit_code == 0, result.output
     bad = CliRunner().invoke(app, ["scheduler", "run", "--database-url", pg_url, "--policy-arg", "oops"])
-    assert bad.exit_code != 0 and "NAME=VALUE" in bad.output
+    assert bad.exit_code != 0
+    assert "NAME=VALUE" in bad.output
     store = Store.open(pg_url)
     with store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(t.scheduler_decisions)).scalar_one() >= 2

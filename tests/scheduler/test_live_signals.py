@@ -7,7 +7,6 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from ingest.ingest_helpers import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode, peek_key
@@ -15,7 +14,8 @@ from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFini
 from sapwood.platform.store import Store
 from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader, backlog, in_flight
 from sapwood.scheduler.metrics import SchedulerMetrics
-from support.histories import small_execution
+from tests.support.histories import small_execution
+from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
 
 
 def produce(bootstrap: str, topic: str, events: list) -> dict[int, int]:
@@ -61,7 +61,8 @@ def test_ingest_lag_is_exactly_produced_minus_consumed(pg_url: str, kafka_bootst
     finally:
         reader.close()
     metrics.observe(s)
-    assert s.ingest_lag_total == n - m and len(s.cells) == m
+    assert s.ingest_lag_total == n - m
+    assert len(s.cells) == m
     assert sum(metrics.registry.get_sample_value("sapwood_scheduler_ingest_lag", {"topic": topic, "partition": str(p)})
                or 0 for p in range(4)) == n - m
     store.close()
@@ -95,14 +96,18 @@ def test_backlog_counts_finished_unclaimed_executions_and_tokens(pg_url: str) ->
     with store.engine.connect() as conn:
         (b,), stale = backlog(conn, now)
         n_flight, age = in_flight(conn, now)
-    assert (b.run_id, b.executions) == ("live-a", len(expected)) and len(expected) == 4
+    assert (b.run_id, b.executions) == ("live-a", len(expected))
+    assert len(expected) == 4
     assert b.tokens == sum(output_tokens(w.events) for w in expected) > 0
     assert stale == 3  # latest published 3, synthetic executions carry policy version 0
-    assert n_flight == 1 and age > 0
+    assert n_flight == 1
+    assert age > 0
     # cells: a silent one is lost
     store.apply([CellRegistered(cell_id="a", created_at=now - 100), CellRegistered(cell_id="b", created_at=now - 100),
                  CellHeartbeat(cell_id="a", created_at=now - 1)])
     s = LiveSignalReader(store.engine, batch_size=4, lost_after_s=30).read(now)
     assert {c.cell_id: c.lost for c in s.cells} == {"a": False, "b": True}
-    assert s.backlog_executions == 4 and s.in_flight == 1 and s.rollout_demand == 1
+    assert s.backlog_executions == 4
+    assert s.in_flight == 1
+    assert s.rollout_demand == 1
     store.close()

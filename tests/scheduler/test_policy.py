@@ -59,7 +59,8 @@ def test_step_change_in_backlog_is_answered_within_k_ticks() -> None:
     assert rollout_capacity(history[step_at - 1]) < 32
     assert rollout_capacity(history[step_at - 1]) >= 4
     answered = [k for k in range(step_at, 12) if rollout_capacity(history[k]) >= 32]
-    assert answered and answered[0] - step_at < k_max, f"capacity reached 32 only at ticks {answered}"
+    assert answered, f"capacity reached 32 only at ticks {answered}"
+    assert answered[0] - step_at < k_max, f"capacity reached 32 only at ticks {answered}"
 
 
 def test_oscillating_backlog_causes_no_flapping() -> None:
@@ -120,7 +121,8 @@ def test_lost_cell_goes_idle_with_reason() -> None:
     s = Signals(at_s=100.0, cells=cells, batch_size=4)
     for policy in (ElasticPolicy(), AsyncPolicy(), ColocatePolicy()):
         d = policy.decide(s, {"a": "train", "b": "rollout"})
-        assert d.target["b"] == "idle" and "lost" in d.reasons["b"]
+        assert d.target["b"] == "idle"
+        assert "lost" in d.reasons["b"]
 
 
 def test_colocate_and_async_decisions() -> None:

@@ -37,7 +37,8 @@ def test_satellite_joining_mid_batch_gives_the_fixed_set_step(group) -> None:  #
 def test_satellite_leaving_mid_batch_gives_the_fixed_set_step(group) -> None:  # type: ignore[no-untyped-def]
     core, sent = group
     ref = reference_steps(CFG)
-    assert core.accepted[1].get(1, 0) >= 1 and [r for r in core.released if r[:2] == (1, 1)]
+    assert core.accepted[1].get(1, 0) >= 1
+    assert [r for r in core.released if r[:2] == (1, 1)]
     assert sum(core.accepted[1].values()) == CFG.micro_batches
     assert torch.allclose(core.params[1], ref[1], rtol=1e-10, atol=1e-12)
     assert 2 not in core.accepted or 1 not in core.accepted[2]  # it had left: nothing from it in step 2

@@ -48,7 +48,8 @@ def test_leave_and_enter_rollout_call_the_endpoints_in_order(stub) -> None:  # t
     left = hooks.leave_rollout()
     hooks.init_weight_group("10.0.0.1", 29500, 1, 2)
     entered = hooks.enter_rollout(["lm_head.weight"], ["bfloat16"], [[32000, 4096]], version=7)
-    assert set(left) == {"abort", "release_memory"} and set(entered) == {"resume_memory", "weight_load", "continue"}
+    assert set(left) == {"abort", "release_memory"}
+    assert set(entered) == {"resume_memory", "weight_load", "continue"}
     assert all(v >= 0 for v in [*left.values(), *entered.values()])
     assert [p for p, _ in handler.log] == ["/pause_generation", "/release_memory_occupation",
                                            "/init_weights_update_group", "/resume_memory_occupation",

@@ -46,7 +46,9 @@ def test_elastic_never_worse_than_best_static_by_more_than_its_switch_costs(name
 
 def test_same_seed_same_result_and_other_seed_differs() -> None:
     a, b, c = (simulate(SMALL, "elastic", s) for s in (5, 5, 6))
-    assert a.summary() == b.summary() and a.timeline == b.timeline and a.moves == b.moves
+    assert a.summary() == b.summary()
+    assert a.timeline == b.timeline
+    assert a.moves == b.moves
     assert a.wall_s != c.wall_s
 
 
@@ -103,4 +105,5 @@ def test_simulate_command_prints_json_and_writes_plots(tmp_path) -> None:  # typ
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "idle_fractions.png", "roles_async.png", "roles_colocate.png", "roles_elastic.png"]
     bad = CliRunner().invoke(app, ["scheduler", "simulate", "--preset", "nope"])
-    assert bad.exit_code != 0 and "unknown workload preset" in bad.output
+    assert bad.exit_code != 0
+    assert "unknown workload preset" in bad.output

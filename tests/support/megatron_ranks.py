@@ -1,6 +1,7 @@
 """Helpers of the Megatron-core backend tests, and the rank function run in spawned processes.
 
-Spawned ranks import this module by name (``support`` is on ``sys.path``, which spawn passes on).
+Spawned ranks import this module by name (``tests.support.megatron_ranks``:
+the repository root is on ``sys.path``, which spawn passes on).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, tree_forward
 from sapwood.learner.trainer import LossTargets, compute_losses
-from support.random_trees import random_tree_batch
+from tests.support.random_trees import random_tree_batch
 
 VOCAB = 32
 

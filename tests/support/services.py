@@ -4,7 +4,7 @@ The start/stop logic lives in ``scripts/services.py`` (one place); this module
 loads it by path and works on the state that ``services.py start`` recorded
 (``SAPWOOD_TEST_SERVICES_STATE``, else ``<repo>/.services/state.json``)::
 
-    from support.services import restart_kafka
+    from tests.support.services import restart_kafka
 
     restart_kafka()          # SIGTERM the broker, start it on the same ports and log dir, wait ready
 

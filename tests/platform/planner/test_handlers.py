@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from tests.support.histories import small_execution
 
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.events import EVENT_TYPES, Event, Prompt
 from sapwood.platform.planner.handlers import handler_for, plan_event
 from sapwood.platform.store import Store
+from tests.support.histories import small_execution
 
 
 @dataclass(eq=False, kw_only=True)
@@ -38,10 +38,13 @@ def test_unknown_event_type_is_refused_with_a_clear_error() -> None:
     with pytest.raises(ValidationError) as info:
         handler_for(Mystery)
     message = str(info.value)
-    assert "no handler for event type" in message and "Mystery" in message and "'mystery'" in message
+    assert "no handler for event type" in message
+    assert "Mystery" in message
+    assert "'mystery'" in message
     for kind in EVENT_TYPES:  # it says what was expected
         assert kind in message
-    assert "mystery," not in message and "event," not in message
+    assert "mystery," not in message
+    assert "event," not in message
 
 
 def test_a_subclass_of_a_known_event_uses_its_handler() -> None:

@@ -22,12 +22,15 @@ def test_keys_are_stored_listed_and_revoked(store: Store) -> None:
         keys.insert(conn, _row("a" * 16, "read write", 2.0))
         assert [r["key_id"] for r in keys.all(conn)] == ["c" * 16, "a" * 16, "b" * 16], "by time, then id"
         got = keys.get(conn, "a" * 16)
-        assert got is not None and got["scopes"] == "read write" and bytes(got["secret_hash"]) == bytes(32)
+        assert got is not None
+        assert got["scopes"] == "read write"
+        assert bytes(got["secret_hash"]) == bytes(32)
         assert keys.get(conn, "d" * 16) is None
         keys.revoke(conn, "b" * 16)
         assert sorted(keys.active_for_update(conn)) == [("a" * 16, "read write"), ("c" * 16, "admin")]
         revoked = keys.get(conn, "b" * 16)
-        assert revoked is not None and bool(revoked["revoked"]) is True
+        assert revoked is not None
+        assert bool(revoked["revoked"]) is True
 
 
 @pytest.mark.postgres

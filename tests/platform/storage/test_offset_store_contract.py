@@ -65,7 +65,8 @@ def test_a_stale_compare_and_set_is_refused_and_writes_nothing(store: Store) -> 
     with pytest.raises(StaleOffsetError) as info, store.transaction() as conn:  # a zombie still expects 10
         o.advance(conn, G, T, {0: 15, 1: 9}, expected={0: 10, 1: 5})
     assert info.value.stale == {0: 10}
-    assert isinstance(info.value, ConflictError) and "re-seek" in str(info.value)
+    assert isinstance(info.value, ConflictError)
+    assert "re-seek" in str(info.value)
     assert rows(store) == {(G, T, 0, 20), (G, T, 1, 5)}, "the refused transaction rolled back"
 
 
@@ -99,7 +100,8 @@ def test_offset_zero_is_a_stored_offset_not_nothing(store: Store) -> None:
         o.advance(conn, G, T, {0: 0}, expected={})
     with store.transaction() as conn:
         stored = o.lock(conn, G, T, [0])
-        assert stored == {0: 0} and 0 in stored
+        assert stored == {0: 0}
+        assert 0 in stored
         o.advance(conn, G, T, {0: 1}, expected=stored)
     with pytest.raises(StaleOffsetError), store.transaction() as conn:
         o.advance(conn, G, T, {0: 2}, expected={0: 0})

@@ -42,11 +42,14 @@ def test_epochs_are_claimed_in_order_and_every_sample_once(store: Store) -> None
     with store.transaction() as conn:
         first = q.claim(conn, "p", "w1", 6, lease_s=LEASE, now=T0)
         second = q.claim(conn, "p", "w2", 100, lease_s=LEASE, now=T0)
-        assert [s.epoch for s in first] == [0] * 6 and [s.epoch for s in second] == [1] * 6
+        assert [s.epoch for s in first] == [0] * 6
+        assert [s.epoch for s in second] == [1] * 6
         ids = [s.sample_id for s in first + second]
         assert len(set(ids)) == 12
         assert {s.prompt for s in first} == {"question 0", "question 1", "question 2"}
-        assert first[0].task_family == "math" and first[0].attempt == 1 and first[0].lease_until == T0 + LEASE
+        assert first[0].task_family == "math"
+        assert first[0].attempt == 1
+        assert first[0].lease_until == T0 + LEASE
         assert q.claim(conn, "p", "w3", 1, lease_s=LEASE, now=T0 + LEASE) == []  # at the boundary the lease holds
         assert prompt_progress(conn, "p") == {0: {"pending": 0, "claimed": 6, "done": 0, "abandoned": 0},
                                               1: {"pending": 0, "claimed": 6, "done": 0, "abandoned": 0}}
@@ -66,7 +69,8 @@ def test_a_sample_is_done_when_its_execution_finished_in_the_store(store: Store)
     with store.transaction() as conn:
         q.release(conn, "p", "w1", [s.sample_id])  # (the running attempt is abandoned on release)
         (again,) = q.claim(conn, "p", "w1", 1, lease_s=LEASE, now=T0)
-        assert again.sample_id == s.sample_id and again.attempt == 2
+        assert again.sample_id == s.sample_id
+        assert again.attempt == 2
         assert q.attach(conn, "p", "w1", s.sample_id, finished, now=T0)
         assert q.progress(conn, "p", now=T0 + 100) == {0: {"pending": 0, "claimed": 0, "done": 1, "abandoned": 1}}
         # a lease that ends after the sample is done re-issues nothing
@@ -113,7 +117,8 @@ def test_concurrent_workers_never_share_a_sample(store: Store) -> None:
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(worker, ["a", "b", "c", "d"]))
     flat = [s for r in results for s in r]
-    assert len(flat) == 20 and len(set(flat)) == 20
+    assert len(flat) == 20
+    assert len(set(flat)) == 20
 
 
 def test_prompts_need_a_run_and_valid_counts(store: Store) -> None:

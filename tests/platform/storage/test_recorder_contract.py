@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from tests.support.histories import small_execution
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import DigestMismatchError
@@ -27,6 +26,7 @@ from sapwood.platform.storage.sqlite.recorder import SqliteRecorder
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from sapwood.platform.tree import Role
+from tests.support.histories import small_execution
 
 PHASES = {"lookups", "digests", "plan", "spans", "payloads", "store"}
 
@@ -48,7 +48,9 @@ def test_a_batch_lands_whole_and_a_replay_changes_nothing(store: Store) -> None:
     timer = PhaseTimer()
     with store.transaction() as conn:
         first = event_recorder(conn).apply(w.events, timer=timer)
-    assert len(first.applied) == len(w.events) and first.duplicates == 0 and not first.rejected
+    assert len(first.applied) == len(w.events)
+    assert first.duplicates == 0
+    assert not first.rejected
     assert first.tokens == sum(e.n_tokens() for e in w.events)
     counts = _counts(store)
     assert counts["events"] == len(w.events)
@@ -58,7 +60,8 @@ def test_a_batch_lands_whole_and_a_replay_changes_nothing(store: Store) -> None:
     with store.transaction() as conn:
         again = event_recorder(conn).apply(w.events, timer=timer)
     assert (again.applied, again.duplicates, again.rejected) == ([], len(w.events), [])
-    assert _counts(store) == counts and store.projection_hash() == hashed
+    assert _counts(store) == counts
+    assert store.projection_hash() == hashed
     # The timer got every phase of both batches; each result holds its own batch's seconds.
     assert set(first.timings) == set(again.timings) == set(timer.totals) == PHASES
     assert all(v >= 0 for v in (*first.timings.values(), *again.timings.values()))
@@ -70,7 +73,8 @@ def test_strict_failure_writes_nothing_and_lenient_rejects_only_the_bad_event(st
     w = small_execution(42)
     last_call = max(i for i, e in enumerate(w.events) if isinstance(e, ModelCall))
     bad = w.events[last_call]
-    assert isinstance(bad, ModelCall) and bad.seq is not None
+    assert isinstance(bad, ModelCall)
+    assert bad.seq is not None
     bad.input_digest = "0" * 32
     before = _counts(store)
     with pytest.raises(DigestMismatchError), store.transaction() as conn:
@@ -102,13 +106,17 @@ def test_stored_state_answers_what_the_recorder_stored(store: Store) -> None:
         assert set(prior) == {calls[0].event_id, policy.event_id}
         assert prior[calls[0].event_id][:3] == (calls[0].execution_id, calls[0].seq, "model_call")
         stored = state.stored_event(calls[0].event_id)
-        assert stored is not None and stored["kind"] == "model_call" and stored["seq"] == calls[0].seq
+        assert stored is not None
+        assert stored["kind"] == "model_call"
+        assert stored["seq"] == calls[0].seq
         assert state.stored_event("00000000-0000-4000-8000-000000000000") is None
         rows = state.executions([execution_id])
         assert rows[execution_id]["n_calls"] == len(calls)
         out = state.nodes([calls[0].output_node_id])
-        assert len(out) == 1 and out[0].role in (Role.ACTION, Role.SUMMARY)
-        assert out[0].execution_id == execution_id and out[0].length == calls[0].output_ids.size
+        assert len(out) == 1
+        assert out[0].role in (Role.ACTION, Role.SUMMARY)
+        assert out[0].execution_id == execution_id
+        assert out[0].length == calls[0].output_ids.size
         roots = state.children(execution_id, None)
         assert len(roots) == 3  # the first prompt and the root of each of the 2 later segments
         boundaries = [e.root_node_id for e in w.events if isinstance(e, SegmentBoundary)]
@@ -129,7 +137,8 @@ def test_cells_go_through_the_recorder(store: Store) -> None:
         event_recorder(conn).apply([cell])
     with store.transaction() as conn:
         row = event_recorder(conn).stored_state().cell("cell-7")
-    assert row is not None and (row["tier"], row["capacity"], row["role"]) == ("core", 8, "idle")
+    assert row is not None
+    assert (row["tier"], row["capacity"], row["role"]) == ("core", 8, "idle")
 
 
 @pytest.mark.postgres

@@ -63,7 +63,9 @@ def test_claim_renew_complete_release(store: Store) -> None:
         assert q.complete(conn, "r", "a", [got[1]], now=T0 + 8) == [got[1]], "done already: no longer held"
         assert q.progress(conn, "r") == {"pending": 4, "claimed": 0, "done": 1}
         rest = q.claim(conn, "r", "b", 10, lease_s=LEASE, now=T0 + 9)
-        assert len(rest) == 4 and got[0] in rest and got[1] not in rest, "released is claimable, done is not"
+        assert len(rest) == 4, "released is claimable, done is not"
+        assert got[0] in rest, "released is claimable, done is not"
+        assert got[1] not in rest, "released is claimable, done is not"
         assert q.claim(conn, "r", "c", 10, lease_s=LEASE, now=T0 + 9) == []
         assert q.complete(conn, "r", "b", rest, now=T0 + 9) == []
         assert q.progress(conn, "r") == {"pending": 0, "claimed": 0, "done": 5}
@@ -124,7 +126,8 @@ def test_replay_snapshot_is_the_seeds_order_and_is_taken_once(store: Store) -> N
         order_y = q.claim(conn, "y", "a", 100, lease_s=LEASE, now=T0)
         assert order_x == order_y == sorted(ids, key=lambda e: replay_order_key(42, e))
         assert q.snapshot(conn, "x", ExecutionFilter(run_id="src"), kind="replay", seed=42, now=T0) == 0
-    assert _record(store, 1) and _create(store, "z", seed=7) == 7
+    assert _record(store, 1)
+    assert _create(store, "z", seed=7) == 7
 
 
 def test_live_snapshot_follows_finish_order_and_adds_new_executions(store: Store) -> None:
@@ -139,7 +142,8 @@ def test_live_snapshot_follows_finish_order_and_adds_new_executions(store: Store
         assert q.snapshot(conn, "live", flt, kind="live", seed=0, now=T0 + 1) == 2
         assert q.snapshot(conn, "live", flt, kind="live", seed=0, now=T0 + 2) == 0
         got = q.claim(conn, "live", "a", 100, lease_s=LEASE, now=T0)
-    assert set(got[:3]) == set(first) and set(got[3:]) == set(later), "older snapshots come first"
+    assert set(got[:3]) == set(first), "older snapshots come first"
+    assert set(got[3:]) == set(later), "older snapshots come first"
 
 
 def test_runs_are_created_once_and_read_back(store: Store) -> None:
@@ -149,7 +153,9 @@ def test_runs_are_created_once_and_read_back(store: Store) -> None:
         with pytest.raises(ConflictError, match="run 'r' already exists"):
             q.create(conn, "r", kind="live", filter_json={}, seed=0, config={}, description="", created_at=T0)
         row = q.get(conn, "r")
-        assert row is not None and row["kind"] == "replay" and row["filter"] == {"run_id": "src"}
+        assert row is not None
+        assert row["kind"] == "replay"
+        assert row["filter"] == {"run_id": "src"}
         assert row["created_at"] == T0
         assert q.get(conn, "missing") is None
 
@@ -186,7 +192,9 @@ def test_postgres_claimers_in_open_transactions_skip_each_others_rows(pg_url: st
             b.exec_driver_sql("SET LOCAL lock_timeout = '2s'")  # waiting on a's locks would fail, not hang
             got_a = q.claim(a, "r", "a", 3, lease_s=LEASE)
             got_b = q.claim(b, "r", "b", 3, lease_s=LEASE)
-            assert len(got_a) == 3 and len(got_b) == 3 and not set(got_a) & set(got_b)
+            assert len(got_a) == 3
+            assert len(got_b) == 3
+            assert not set(got_a) & set(got_b)
             ta.commit()
             tb.commit()
         with store.transaction() as conn:

@@ -41,7 +41,8 @@ def test_cells_in_id_order_a_page_at_a_time(store: Store) -> None:
     with store.transaction() as conn:
         assert [r["cell_id"] for r in cells(conn)] == ["c0", "c1", "c2", "c3"]
         (page,) = cells(conn, after="c1", limit=1)
-        assert page["cell_id"] == "c2" and page["capacity"] == 3
+        assert page["cell_id"] == "c2"
+        assert page["capacity"] == 3
         assert cells(conn, after="c3") == []
         (c1,) = [r for r in cells(conn) if r["cell_id"] == "c1"]
         assert c1["last_heartbeat_at"] == pytest.approx(NOW - 1)
@@ -106,7 +107,8 @@ def test_in_flight_switch_phases_and_stored_offsets(store: Store) -> None:
         conn.execute(t.consumer_offsets.insert(), [
             {"group_id": "other", "topic": "x", "partition": 1, "next_offset": 99, "updated_at": NOW}])
         n, age = in_flight(conn, began + 1000.0)
-        assert n == 1 and 0.0 < 1000.0 - age < 60.0, "started after NOW, within the test"
+        assert n == 1, "started after NOW, within the test"
+        assert 0.0 < 1000.0 - age < 60.0, "started after NOW, within the test"
         assert recent_switch_phases(conn, 3) == [("c", "train", 3.0), ("c", "train", 2.0), ("c", "train", 1.0)]
         assert offset_store(conn).read(conn, "g", "x") == {0: 0, 2: 20}
         assert offset_store(conn).read(conn, "g", "y") == {}

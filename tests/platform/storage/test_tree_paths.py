@@ -20,7 +20,7 @@ from sapwood.platform.storage.trees_sql import SqlTreeReader, Step, path_cte
 from sapwood.platform.storage.trees_sql import across_segments as _across_segments
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from support.histories import expected_input
+from tests.support.histories import expected_input
 
 _n = t.nodes.c
 _STEPS: dict[str, Step] = {"postgresql": lateral_step, "sqlite": join_step}
@@ -72,8 +72,11 @@ def test_path_cte_crosses_compactions_with_a_link(store: Store) -> None:
         plain = path_cte(sa.select(*cols).where(_n.node_id == boundary.root_node_id), _STEPS[conn.dialect.name])
         within = conn.execute(sa.select(sa.func.count()).select_from(plain)).scalar_one()
     assert [r.k for r in rows] == list(range(len(rows)))
-    assert rows[0].node_id == boundary.root_node_id and rows[1].node_id == boundary.from_node
-    assert rows[-1].parent_id is None and rows[-1].prev_segment_node is None and rows[-1].segment == 0
+    assert rows[0].node_id == boundary.root_node_id
+    assert rows[1].node_id == boundary.from_node
+    assert rows[-1].parent_id is None
+    assert rows[-1].prev_segment_node is None
+    assert rows[-1].segment == 0
     assert within == 1  # without the link the walk stops at the segment's root
 
 

@@ -18,7 +18,7 @@ from sapwood.platform.storage.trees import PageSlice, tree_reader
 from sapwood.platform.store import Store
 from sapwood.platform.tree import Role
 from sapwood.platform.writer import ExecutionWriter
-from support.histories import expected_input
+from tests.support.histories import expected_input
 
 MISSING = "00000000-0000-4000-8000-000000000000"
 
@@ -100,7 +100,8 @@ def test_levels_and_child_counts_follow_the_logical_parent(store: Store, tree: T
     assert [by_id[nid].is_leaf for nid in tree.path] == [False] * (len(tree.path) - 1) + [True]
     for nid, one in single.items():
         assert (one.level, one.n_children, one.is_leaf) == (by_id[nid].level, by_id[nid].n_children, by_id[nid].is_leaf)
-    assert Role(by_id[tree.path[2]].role) is Role.ACTION and by_id[tree.summaries[0]].role == Role.SUMMARY
+    assert Role(by_id[tree.path[2]].role) is Role.ACTION
+    assert by_id[tree.summaries[0]].role == Role.SUMMARY
 
 
 def test_a_root_with_no_children(store: Store, tree: Tree) -> None:
@@ -117,7 +118,8 @@ def test_a_root_with_no_children(store: Store, tree: Tree) -> None:
     assert [(r["segment"], r["root_node"], r["from_node"]) for r in roots] == [
         (0, tree.path[0], None), (1, tree.path[5], tree.summaries[0]), (2, tree.path[9], tree.summaries[1]),
         (0, tree.lonely, None)]
-    assert page.token_ids.tolist() == [9, 9] and page.logprobs is None
+    assert page.token_ids.tolist() == [9, 9]
+    assert page.logprobs is None
 
 
 def test_pages_at_the_path_end(store: Store, tree: Tree) -> None:
@@ -132,12 +134,17 @@ def test_pages_at_the_path_end(store: Store, tree: Tree) -> None:
             PageSlice(end.span_digest, None, 1, end.length),
         ])
     np.testing.assert_array_equal(whole.token_ids, last.output_ids)
-    assert whole.logprobs is not None and whole.logprobs.dtype == np.float32
+    assert whole.logprobs is not None
+    assert whole.logprobs.dtype == np.float32
     np.testing.assert_array_equal(whole.logprobs, last.output_logprobs)
-    assert tail.token_ids.tolist() == [20] and tail.logprobs is not None
+    assert tail.token_ids.tolist() == [20]
+    assert tail.logprobs is not None
     np.testing.assert_array_equal(tail.logprobs, last.output_logprobs[-1:])
-    assert empty.token_ids.size == 0 and empty.logprobs is not None and empty.logprobs.size == 0
-    assert no_call.token_ids.tolist() == [19, 20] and no_call.logprobs is None
+    assert empty.token_ids.size == 0
+    assert empty.logprobs is not None
+    assert empty.logprobs.size == 0
+    assert no_call.token_ids.tolist() == [19, 20]
+    assert no_call.logprobs is None
     with store.transaction() as conn:
         assert tree_reader(conn).token_pages(conn, []) == []
 
@@ -176,19 +183,25 @@ def test_batch_rows_and_execution_spans(store: Store, tree: Tree) -> None:
         tokens, logprobs = reader.execution_spans(conn, w.execution_id)
         facts = reader.leaf_facts(conn, tree.last.output_node_id)
         inner = reader.leaf_facts(conn, tree.path[0])
-    assert set(rows.executions) == {w.execution_id} and set(rows.nodes) == {w.execution_id}
+    assert set(rows.executions) == {w.execution_id}
+    assert set(rows.nodes) == {w.execution_id}
     assert rows.executions[w.execution_id].status == "success"
     batch = {n.node_id: n for n in rows.nodes[w.execution_id]}
     assert set(batch) == {*tree.path, tree.lonely}
     assert [batch[nid].is_leaf for nid in (tree.path[-1], tree.path[-2], tree.lonely)] == [True, False, True]
     assert {batch[nid].call_id for nid in tree.path[-1:]} == {tree.last.call_id}
     assert set(rows.logprob_digests) == {c.call_id for c in calls}
-    assert set(tokens) == set(w.nodes) and all(np.array_equal(tokens[k], v.tokens) for k, v in w.nodes.items())
+    assert set(tokens) == set(w.nodes)
+    assert all(np.array_equal(tokens[k], v.tokens) for k, v in w.nodes.items())
     assert set(logprobs) == {c.output_node_id for c in calls}
     for c in calls:
         np.testing.assert_array_equal(logprobs[c.output_node_id], c.output_logprobs)
-    assert facts is not None and facts["is_leaf"] and facts["status"] == "success" and facts["reward"] == 1.0
-    assert inner is not None and not inner["is_leaf"]
+    assert facts is not None
+    assert facts["is_leaf"]
+    assert facts["status"] == "success"
+    assert facts["reward"] == 1.0
+    assert inner is not None
+    assert not inner["is_leaf"]
 
 
 def test_unknown_ids_are_named_in_the_error(store: Store, tree: Tree) -> None:
@@ -200,7 +213,8 @@ def test_unknown_ids_are_named_in_the_error(store: Store, tree: Tree) -> None:
         with pytest.raises(UnknownParentError, match=f"^model call {MISSING} does not exist$"):
             reader.call_input(conn, MISSING)
         assert reader.leaf_facts(conn, MISSING) is None
-        assert reader.nodes(conn, MISSING) == [] and reader.segment_roots(conn, MISSING) == []
+        assert reader.nodes(conn, MISSING) == []
+        assert reader.segment_roots(conn, MISSING) == []
         empty = reader.batch_rows(conn, [MISSING])
     assert (empty.executions, empty.nodes, empty.logprob_digests) == ({}, {}, {})
 

@@ -1,4 +1,4 @@
-"""Real servers for the API tests (import as ``api.live_server``): uvicorn in a thread, or ``sapwood serve``."""
+"""Real servers for the API tests: uvicorn in a thread, or ``sapwood serve``."""
 
 from __future__ import annotations
 

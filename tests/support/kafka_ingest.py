@@ -1,4 +1,4 @@
-"""Helpers shared by the ingest and Kafka end-to-end tests (import as ``ingest.ingest_helpers``)."""
+"""Helpers shared by the ingest and Kafka end-to-end tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sapwood.ingest import IngestConfig, IngestService
 from sapwood.ingest.topics import end_offsets
 from sapwood.platform import schema as t
+from sapwood.platform.codec import encode
 from sapwood.platform.events import Event
 from sapwood.platform.storage.offsets import offset_store
 from sapwood.platform.store import Store
@@ -198,6 +199,41 @@ class Ledger:
 
 def raw_producer(bootstrap: str, **kw: Any) -> Any:
     return KafkaProducer(bootstrap_servers=bootstrap, client_id="sapwood-test-raw", **kw)
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes | None]], *,
+            partition: int | None = None, **producer_kw: Any) -> None:
+    """Send ``(value, key)`` records with a plain producer (``producer_kw``: compression, batching), flushed."""
+    producer = raw_producer(bootstrap, **producer_kw)
+    try:
+        for value, key in records:
+            producer.send(topic, value=value, key=key, partition=partition)
+        producer.flush(60)
+    finally:
+        producer.close()
+
+
+def produce_events(bootstrap: str, topic: str, events: Iterable[Event], *, partition: int | None = 0,
+                   **producer_kw: Any) -> None:
+    """Send encoded events keyed by execution id, as the recorder's Kafka transport does."""
+    produce(bootstrap, topic, ((encode(ev), ev.execution_id.encode()) for ev in events), partition=partition,
+            **producer_kw)
+
+
+def ingest_until_caught_up(store: Store, url: str, bootstrap: str, topic: str, **config_kw: Any) -> IngestConfig:
+    """Run a real ingest on ``topic`` until its stored offsets reach the log end; the config it ran with."""
+    config = ingest_config(url, bootstrap, topic, **config_kw)
+    with running_ingest(config):
+        wait_until(lambda: caught_up(store.engine, bootstrap, topic, config.group), 60, "ingest to catch up")
+    return config
+
+
+def dead_letters_and_stored(engine: sa.Engine, *columns: str) -> tuple[list[sa.Row[Any]], set[str]]:
+    """(the dead letters' ``columns``, the ids of the stored events)."""
+    with engine.connect() as conn:
+        letters = list(conn.execute(sa.select(*(t.dead_letters.c[name] for name in columns))).all())
+        stored = {str(r[0]) for r in conn.execute(sa.select(t.events.c.event_id))}
+    return letters, stored
 
 
 class Agent:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sapwood.platform import runs
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def replay_store(path: Path, executions: int, run_id: str = "train") -> tuple[str, Store, list[str]]:

@@ -1,4 +1,4 @@
-"""Helpers shared by the API tests (import as ``api.api_helpers``): keys, clients, small synthetic
+"""Helpers shared by the API tests: keys, clients, small synthetic
 executions and what their writers say they contain."""
 
 from __future__ import annotations
