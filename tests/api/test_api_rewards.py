@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from api.api_helpers import Keys, TestClient, make_client, make_keys
 from sapwood.learner.assembly import build_batch
 from sapwood.learner.config import SourceConfig
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
+from tests.support.api_client import Keys, TestClient, make_client, make_keys
 
 # name -> (status, final reward, partial scores, per-leaf rewards for leaf 0, expected source of leaf 1)
 CASES: dict[str, tuple[str, float | None, list[float], float | None, str | None]] = {
@@ -95,14 +95,18 @@ def test_api_shows_the_reward_the_learner_trains_on(store: Store, client: TestCl
         pages = [_get(client, keys, f"/v1/nodes/{item['leaf_node_id']}/trajectory") for item in trajectories]
         assert [p["reward"] for p in pages] == shown, name
         if trained is None:
-            assert shown == [None, None] and status == "error", name
+            assert shown == [None, None], name
+            assert status == "error", name
         else:
-            assert None not in shown and sorted(shown) == pytest.approx(trained, abs=1e-6), name
+            assert None not in shown, name
+            assert sorted(shown) == pytest.approx(trained, abs=1e-6), name
         ex = _get(client, keys, f"/v1/executions/{eid}")
-        assert ex["final_reward"] == final and ex["latest_score"] == (scores[-1] if scores else None), name
+        assert ex["final_reward"] == final, name
+        assert ex["latest_score"] == (scores[-1] if scores else None), name
         assert ex["reward_source"] == source, name
         for item in trajectories + pages:  # raw values beside the trained reward, per trajectory too
-            assert item["final_reward"] == final and item["latest_score"] == ex["latest_score"], name
+            assert item["final_reward"] == final, name
+            assert item["latest_score"] == ex["latest_score"], name
         unleafed = [i for i in trajectories if i["reward_source"] != "leaf"]
         assert len(unleafed) == (1 if leaf0 is not None else 2), name
         assert all(i["reward"] == ex["reward"] and i["reward_source"] == source for i in unleafed), name

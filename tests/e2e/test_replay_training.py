@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from api.api_helpers import make_client, make_keys
 from sapwood.learner.config import CriticConfig, LearnerConfig, SourceConfig
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from support.histories import SMALL
+from tests.support.api_client import make_client, make_keys
+from tests.support.histories import SMALL
 
 pytestmark = pytest.mark.postgres
 
@@ -42,12 +42,14 @@ def test_replay_history_into_a_fresh_run_and_train(pg_url: str, tmp_path) -> Non
         order = [client.get(f"/v1/runs/{r}/items", headers=keys.headers("read")).json() for r in ("replay-1",
                                                                                                 "replay-2")]
         ids = [[item["execution_id"] for item in page["items"]] for page in order]
-        assert ids[0] == ids[1] and sorted(ids[0]) == sorted(w.execution_id for w in history)
+        assert ids[0] == ids[1]
+        assert sorted(ids[0]) == sorted(w.execution_id for w in history)
 
         learner = _learner(store, "replay-1", "L1")
         learner.checkpoint_dir = tmp_path / "ckpt"
         history_metrics = learner.run(idle_timeout_s=0.5)
-        assert len(history_metrics) == 3 and learner.lost_claims == 0  # 5 executions, 2 per batch
+        assert len(history_metrics) == 3
+        assert learner.lost_claims == 0  # 5 executions, 2 per batch
         assert all(m["learner/lost_claims"] == 0 for m in history_metrics)
         # the trained batches carried the recorded rollout log-probs: DIS ratios are finite and measured
         assert all(m["policy/ratio_mean"] > 0 for m in history_metrics[1:])

@@ -11,7 +11,7 @@ from sapwood.learner.loop import latest_policy
 from sapwood.platform import runs
 from sapwood.platform.cli import app
 from sapwood.platform.store import Store
-from support.histories import small_execution
+from tests.support.histories import small_execution
 
 
 def test_learn_consumes_a_live_run_and_publishes(tmp_path: Path) -> None:
@@ -26,23 +26,26 @@ def test_learn_consumes_a_live_run_and_publishes(tmp_path: Path) -> None:
     ])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
-    assert summary["steps"] == 3 and summary["lost_claims"] == 0
+    assert summary["steps"] == 3
+    assert summary["lost_claims"] == 0
     with store.transaction() as conn:
         # the default critic warm-up (8 steps) is longer than this run: no policy update, so nothing was
         # committed and the learner gave its claims back on exit (a restart retrains them from the start)
         assert runs.run_progress(conn, "train") == {"pending": 3, "claimed": 0, "done": 0}
-    assert summary["policy_version"] == 0 and latest_policy(store, "train") is None
+    assert summary["policy_version"] == 0
+    assert latest_policy(store, "train") is None
 
 
 def test_learn_needs_an_existing_run_or_a_source(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'learn.db'}"
     result = CliRunner().invoke(app, ["learn", "--database-url", url, "--run", "nope"])
-    assert result.exit_code != 0 and "does not exist" in result.output
+    assert result.exit_code != 0
+    assert "does not exist" in result.output
 
 
 def test_learn_with_the_megatron_backend_publishes_tiny_layout_checkpoints_and_resumes(tmp_path: Path) -> None:
 
-    from support.megatron_ranks import require_megatron
+    from tests.support.megatron_ranks import require_megatron
 
     require_megatron()
     import torch
@@ -63,11 +66,15 @@ def test_learn_with_the_megatron_backend_publishes_tiny_layout_checkpoints_and_r
         assert result.exit_code == 0, result.output
         summary = json.loads(result.output.strip().splitlines()[-1])
         # 8 critic warm-up steps, then one joint step: policy version 1, published with its checkpoint
-        assert summary["backend"] == "megatron" and summary["steps"] == 9 and summary["policy_version"] == 1
+        assert summary["backend"] == "megatron"
+        assert summary["steps"] == 9
+        assert summary["policy_version"] == 1
         published = latest_policy(store, "train")
-        assert published is not None and published[0] == 1
+        assert published is not None
+        assert published[0] == 1
         state = torch.load(published[1], weights_only=False)["backend"]
-        assert state["backend_kind"] == "megatron" and state["policy_version"] == 1
+        assert state["backend_kind"] == "megatron"
+        assert state["policy_version"] == 1
         tiny = TinyActorCritic(TinyTransformerConfig(vocab_size=state["model"]["actor.tok.weight"].shape[0]))
         tiny.load_state_dict(load_model_state(published[1]))  # what the rollout engine serves
         # a second run resumes from that checkpoint and trains the last execution
@@ -76,11 +83,13 @@ def test_learn_with_the_megatron_backend_publishes_tiny_layout_checkpoints_and_r
         assert "resumed from policy version 1" in result.output
         again = json.loads(result.output.strip().splitlines()[-1])
         # the checkpoint holds the critic warm-up count: the resumed trainer goes on with a joint step
-        assert again["steps"] == 1 and again["policy_version"] == 2
+        assert again["steps"] == 1
+        assert again["policy_version"] == 2
     finally:
         teardown_parallel()
     bad = CliRunner().invoke(app, [*args, "--backend", "jax"])
-    assert bad.exit_code != 0 and "--backend must be one of torch, megatron" in bad.output
+    assert bad.exit_code != 0
+    assert "--backend must be one of torch, megatron" in bad.output
 
 
 def test_learn_refuses_jmax_below_one(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from sapwood.rollout.engines import SamplingParams
 from sapwood.scheduler.runtime.cell import Cell, input_digest, params_from_dict
-from support.elastic_runtime import initial_state, model_config
+from tests.support.elastic_runtime import initial_state, model_config
 
 PARAMS = SamplingParams(max_new_tokens=6).to_dict()
 IDS = [1, 2, 3, 4]
