@@ -8,6 +8,7 @@ Usage::
     python scripts/services.py env       # print the `export` lines for the tests
     python scripts/services.py status    # what is running (exit 1 if something is down)
     python scripts/services.py stop      # SIGTERM both, wait, remove their data
+    python scripts/services.py start vllm  # vLLM CPU server + tiny local model (own venv; slow, opt-in)
 
 The servers run natively (no container engine needed):
 
@@ -108,6 +109,7 @@ from services_lib.state import (
     state_path,
     write_env,
 )
+from services_lib.vllm_server import install_vllm, make_tiny_model, start_vllm, stop_vllm
 
 __all__ = [
     "KAFKA_JVM_OPTS",
@@ -136,6 +138,7 @@ __all__ = [
     "cmd_env",
     "cmd_install",
     "cmd_start",
+    "cmd_start_vllm",
     "cmd_status",
     "cmd_stop",
     "env_lines",
@@ -146,12 +149,14 @@ __all__ = [
     "install_chromium",
     "install_kafka",
     "install_postgres",
+    "install_vllm",
     "kafka_command",
     "kafka_libs_dir",
     "kafka_properties",
     "launch_kafka",
     "load_state",
     "main",
+    "make_tiny_model",
     "new_cluster_id",
     "pid_alive",
     "port_is_free",
@@ -161,9 +166,11 @@ __all__ = [
     "services_dir",
     "start_kafka",
     "start_postgres",
+    "start_vllm",
     "state_path",
     "stop_kafka_process",
     "stop_postgres",
+    "stop_vllm",
     "terminate",
     "wait_exit",
     "write_env",
@@ -205,7 +212,7 @@ def cmd_start() -> None:
         pg = None
     if kafka and not pid_alive(kafka.get("pid")):
         kafka = None
-    state = {"postgres": pg, "kafka": kafka}
+    state = {"postgres": pg, "kafka": kafka, "vllm": state.get("vllm")}
     try:
         if pg is None:
             t = time.monotonic()
@@ -226,8 +233,25 @@ def cmd_start() -> None:
     _log(f"start done in {time.monotonic() - t0:.1f}s; env in {env_path()}")
 
 
+def cmd_start_vllm() -> None:
+    """Start the vLLM CPU server (installing it first) next to whatever else runs."""
+    state = load_state()
+    entry = state.get("vllm")
+    if entry and pid_alive(entry.get("pid")):
+        _log(f"vLLM already running on {entry['url']}")
+        return
+    t = time.monotonic()
+    state["vllm"] = start_vllm()
+    save_state(state)
+    write_env(state)
+    _log(f"vLLM ready on {state['vllm']['url']} in {time.monotonic() - t:.1f}s; env in {env_path()}")
+
+
 def cmd_stop() -> None:
     state = load_state()
+    if state.get("vllm"):
+        stop_vllm(state["vllm"])
+        _log("vLLM stopped")
     kafka, pg = state.get("kafka"), state.get("postgres")
     if kafka:
         stop_kafka_process(kafka)
@@ -277,9 +301,17 @@ def cmd_env() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("command", choices=["install", "start", "stop", "status", "env"])
+    parser.add_argument(
+        "service", nargs="?", choices=["vllm"], help="install/start only the vLLM CPU server (slow; opt-in)"
+    )
     args = parser.parse_args(argv)
     try:
-        if args.command == "install":
+        if args.service == "vllm" and args.command == "install":
+            install_vllm()
+            make_tiny_model()
+        elif args.service == "vllm" and args.command == "start":
+            cmd_start_vllm()
+        elif args.command == "install":
             cmd_install()
         elif args.command == "start":
             cmd_start()

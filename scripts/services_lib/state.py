@@ -77,6 +77,9 @@ def env_vars(state: dict[str, Any]) -> dict[str, str]:
             SAPWOOD_TEST_KAFKA_CONFIG=kafka["config"],
             SAPWOOD_TEST_KAFKA_LOG_DIR=kafka["log_dir"],
         )
+    vllm = state.get("vllm")
+    if vllm:
+        out.update(SAPWOOD_TEST_VLLM_URL=vllm["url"], SAPWOOD_TEST_VLLM_MODEL_DIR=vllm["model_dir"])
     return out
 
 

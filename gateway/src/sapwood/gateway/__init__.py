@@ -1,0 +1,1 @@
+"""Recording gateway: proxied OpenAI-compatible / SGLang traffic becomes the same TITO events the SDK writes."""
