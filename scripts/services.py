@@ -108,6 +108,7 @@ from services_lib.state import (
     state_path,
     write_env,
 )
+from services_lib.verl_env import install_verl
 
 __all__ = [
     "KAFKA_JVM_OPTS",
@@ -192,6 +193,7 @@ def cmd_install() -> None:
     install_postgres()
     install_kafka()
     install_chromium()
+    install_verl()
     _log(f"install done in {time.monotonic() - t0:.1f}s")
 
 

@@ -77,6 +77,10 @@ def env_vars(state: dict[str, Any]) -> dict[str, str]:
             SAPWOOD_TEST_KAFKA_CONFIG=kafka["config"],
             SAPWOOD_TEST_KAFKA_LOG_DIR=kafka["log_dir"],
         )
+    from services_lib.verl_env import verl_python
+
+    if verl_python().exists():
+        out["SAPWOOD_TEST_VERL_PYTHON"] = str(verl_python())
     return out
 
 
