@@ -127,5 +127,5 @@ def test_an_inner_loop_that_is_not_registered_is_refused(tmp_path: Path, hf_toke
         SapwoodAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=EngineServerManager(),
                          tokenizer=hf_tokenizer, processor=None, dataset_cls=None, data_config=DictConfigWrap(cfg.data))
 
-    with pytest.raises(ValueError, match="sapwood.inner_agent='no_such_loop' is not another registered agent loop"):
+    with pytest.raises(ValueError, match=r"sapwood\.inner_agent='no_such_loop' is not another registered agent loop"):
         asyncio.run(make())

@@ -79,7 +79,7 @@ def test_an_exported_batch_trains_with_verls_grpo_advantage_and_ppo_loss(tmp_pat
     proto, cut = rows_to_data_proto(rows, prompt_length=8, response_length=16)
     assert cut.trained_tokens_cut == 0
     b = proto.batch
-    adv, returns = core_algos.compute_grpo_outcome_advantage(
+    adv, _returns = core_algos.compute_grpo_outcome_advantage(
         token_level_rewards=b["token_level_scores"], response_mask=b["response_mask"],
         index=proto.non_tensor_batch["uid"])
     assert adv.shape == b["responses"].shape

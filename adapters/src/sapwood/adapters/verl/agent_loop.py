@@ -192,6 +192,7 @@ class SapwoodAgentLoop(AgentLoopBase):
             if group.done >= group.expected:
                 _GROUPS.pop(uid, None)
                 scored = len(group.rewards) == group.done
+                leaves: dict[Any, float] | None = dict(group.leaf_rewards) if scored else None
                 group.execution.finish("success", float(np.mean(group.rewards)) if scored else None,
-                                       leaf_rewards=group.leaf_rewards if scored else None)
+                                       leaf_rewards=leaves)
         return output

@@ -42,7 +42,7 @@ def verl_record_to_prompt(record: dict[str, Any], index: int) -> PromptRow:
 
 def _messages(prompt: Any, index: int) -> Any:
     """verl stores messages as a list of structs; Parquet may give back numpy arrays of dicts."""
-    if isinstance(prompt, str) or isinstance(prompt, list):
+    if isinstance(prompt, str | list):
         return prompt
     if hasattr(prompt, "tolist"):
         return list(prompt.tolist())
