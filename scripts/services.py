@@ -110,6 +110,7 @@ from services_lib.state import (
     write_env,
 )
 from services_lib.vllm_server import install_vllm, make_tiny_model, start_vllm, stop_vllm
+from services_lib.verl_env import install_verl
 
 __all__ = [
     "KAFKA_JVM_OPTS",
@@ -199,6 +200,7 @@ def cmd_install() -> None:
     install_postgres()
     install_kafka()
     install_chromium()
+    install_verl()
     _log(f"install done in {time.monotonic() - t0:.1f}s")
 
 

@@ -80,6 +80,10 @@ def env_vars(state: dict[str, Any]) -> dict[str, str]:
     vllm = state.get("vllm")
     if vllm:
         out.update(SAPWOOD_TEST_VLLM_URL=vllm["url"], SAPWOOD_TEST_VLLM_MODEL_DIR=vllm["model_dir"])
+    from services_lib.verl_env import verl_python
+
+    if verl_python().exists():
+        out["SAPWOOD_TEST_VERL_PYTHON"] = str(verl_python())
     return out
 
 

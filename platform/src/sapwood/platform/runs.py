@@ -181,6 +181,11 @@ def release(conn: Connection, run_id: str, learner_id: str, execution_ids: list[
     run_queue(conn).release(conn, run_id, learner_id, execution_ids)
 
 
+def release_holder(conn: Connection, run_id: str, learner_id: str) -> int:
+    """Give back everything ``learner_id`` still claims (its previous process died before completing it)."""
+    return run_queue(conn).release_holder(conn, run_id, learner_id)
+
+
 def run_progress(conn: Connection, run_id: str) -> dict[str, int]:
     """Items per state for ``run_id``."""
     return run_queue(conn).progress(conn, run_id)

@@ -81,6 +81,15 @@ class LeaseQueue:
                          .values(state="done", done_at=time.time() if now is None else now, lease_until=None))
         return [k for k in keys if k not in held]
 
+    def release_holder(self, conn: Connection, run_id: str, holder: str) -> int:
+        """Return every item ``holder`` still has claimed to pending (a restarted holder disowns what its
+        previous process claimed but never completed); how many."""
+        c = self.c
+        result = conn.execute(self.table.update().where(c.run_id == run_id, c.claimed_by == holder,
+                                                        c.state == "claimed")
+                              .values(state="pending", claimed_by=None, lease_until=None))
+        return int(result.rowcount)
+
     def release(self, conn: Connection, run_id: str, holder: str, keys: list[str]) -> None:
         """Return ``holder``'s claimed items among ``keys`` to pending; others are left as they are."""
         c = self.c

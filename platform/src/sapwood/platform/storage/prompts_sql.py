@@ -97,6 +97,13 @@ class PromptQueue:
         conn.execute(t.prompt_samples.insert(), samples)
         return len(samples)
 
+    def prompts(self, conn: Connection, run_id: str) -> list[PromptRow]:
+        """The run's queued prompts (one per dataset row, not per sample), in dataset order."""
+        rows = conn.execute(sa.select(_p.prompt, _p.task_id, _p.task_family, _p.metadata)
+                            .where(_p.run_id == run_id).order_by(_p.prompt_index))
+        return [PromptRow(prompt=r.prompt, task_id=r.task_id, task_family=r.task_family, metadata=dict(r.metadata))
+                for r in rows]
+
     def sync(self, conn: Connection, run_id: str, *, now: float | None = None) -> int:
         """Mark done the claimed samples whose current execution finished; return how many."""
         now = time.time() if now is None else now

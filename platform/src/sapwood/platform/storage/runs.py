@@ -74,6 +74,10 @@ class RunQueue(Protocol):
         """Return ``learner_id``'s claimed items among ``execution_ids`` to pending."""
         ...
 
+    def release_holder(self, conn: Connection, run_id: str, learner_id: str) -> int:
+        """Return every item ``learner_id`` still has claimed to pending; how many."""
+        ...
+
     def progress(self, conn: Connection, run_id: str) -> dict[str, int]:
         """Items per state: ``{"pending": n, "claimed": n, "done": n}``."""
         ...

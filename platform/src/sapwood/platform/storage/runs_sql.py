@@ -124,6 +124,9 @@ class SqlRunQueue(RunQueue):
     def release(self, conn: Connection, run_id: str, learner_id: str, execution_ids: list[str]) -> None:
         self.leases.release(conn, run_id, learner_id, execution_ids)
 
+    def release_holder(self, conn: Connection, run_id: str, learner_id: str) -> int:
+        return self.leases.release_holder(conn, run_id, learner_id)
+
     def progress(self, conn: Connection, run_id: str) -> dict[str, int]:
         rows = conn.execute(sa.select(_ri.state, sa.func.count()).where(_ri.run_id == run_id).group_by(_ri.state))
         out = {"pending": 0, "claimed": 0, "done": 0}

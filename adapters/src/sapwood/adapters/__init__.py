@@ -1,0 +1,1 @@
+"""Adapters that put Sapwood inside other training frameworks (each behind its own extra)."""
