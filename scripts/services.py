@@ -109,8 +109,8 @@ from services_lib.state import (
     state_path,
     write_env,
 )
-from services_lib.vllm_server import install_vllm, make_tiny_model, start_vllm, stop_vllm
 from services_lib.verl_env import install_verl
+from services_lib.vllm_server import install_vllm, make_tiny_model, start_vllm, stop_vllm
 
 __all__ = [
     "KAFKA_JVM_OPTS",

@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sapwood.adapters.verl.prompts import export_verl_parquet, import_verl_parquet
 
+from sapwood.adapters.verl.prompts import export_verl_parquet, import_verl_parquet
 from sapwood.platform import runs
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.prompts import prompt_progress

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from sapwood.adapters.verl.rows import trajectory_rows
-
 from sapwood.learner.source import SourceConfig, build_batch
+
+from sapwood.adapters.verl.rows import trajectory_rows
 from sapwood.platform.store import Store
-from support.verl_trees import record_group
+from tests.support.verl_trees import record_group
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ def test_path_prefix_names_the_session_and_is_stripped() -> None:
 def test_headers_name_the_session_and_its_labels() -> None:
     headers = {"x-session-id": "s9", "X-Parent-Session-Id": "s1", "X-Task-Family": "swe", "X-Policy-Version": "7"}
     ref = resolve("/v1/completions", headers)
-    assert ref.session_id == "s9" and ref.path == "/v1/completions"
+    assert ref.session_id == "s9"
+    assert ref.path == "/v1/completions"
     assert ref.labels == {"parent_session": "s1", "task_family": "swe", "policy_version": "7"}
 
 

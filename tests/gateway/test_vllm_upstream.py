@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-pytestmark = pytest.mark.vllm
+# slow: the server is started on demand (scripts/test: SAPWOOD_TEST_VLLM=1 ... --runslow)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TIMEOUT = httpx.Timeout(600.0)
 

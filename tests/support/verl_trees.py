@@ -56,3 +56,6 @@ def record_group(store: Store, run_id: str, task_id: str, *, samples: int, turns
         ex.finish("success", float(np.mean(list(leaves.values()))), leaf_rewards=leaves)
         eid = ex.execution_id
     return eid, out
+
+#: Vocabulary of the verl suite's tiny tokenizer and model.
+TOKENIZER_VOCAB = 64

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 SPECIAL = ["<pad>", "<eos>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
-VOCAB = 64
+from tests.support.verl_trees import TOKENIZER_VOCAB as VOCAB
 
 
 @pytest.fixture(scope="session")

@@ -9,19 +9,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-import sapwood.adapters.verl.agent_loop as sapwood_loop
 from omegaconf import OmegaConf
-from sapwood.adapters.verl.agent_loop import SapwoodAgentLoop
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, DictConfigWrap, register
 from verl.workers.rollout.replica import TokenOutput
 
+import sapwood.adapters.verl.agent_loop as sapwood_loop
+from sapwood.adapters.verl.agent_loop import SapwoodAgentLoop
 from sapwood.learner.model import TinyTransformerConfig
 from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.store import Store
 from sapwood.rollout.engines import SamplingParams
 from sapwood.rollout.torch_engine import LocalTorchEngine
-
-from .conftest import VOCAB
+from tests.support.verl_trees import TOKENIZER_VOCAB as VOCAB
 
 
 class EngineServerManager:

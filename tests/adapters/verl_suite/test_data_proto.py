@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from sapwood.adapters.verl.data_proto import rows_to_data_proto
-from sapwood.adapters.verl.rows import TrajectoryRow, trajectory_rows
+from sapwood.learner.source import SourceConfig, build_batch
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.workers.config.actor import ActorConfig
 
-from sapwood.learner.source import SourceConfig, build_batch
+from sapwood.adapters.verl.data_proto import rows_to_data_proto
+from sapwood.adapters.verl.rows import TrajectoryRow, trajectory_rows
 from sapwood.platform.store import Store
-from support.verl_trees import record_group
+from tests.support.verl_trees import record_group
 
 
 def _row(prompt: int, response: int, *, reward: float = 1.0, eid: str = "e") -> TrajectoryRow:

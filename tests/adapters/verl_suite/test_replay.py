@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sapwood.adapters.verl.replay import ReplayBatches
 
+from sapwood.adapters.verl.replay import ReplayBatches
 from sapwood.platform import runs
 from sapwood.platform.store import Store
-from support.verl_trees import record_group
+from tests.support.verl_trees import record_group
 
 
 def _store(tmp_path: Path, executions: int) -> tuple[Store, list[str]]:

@@ -24,9 +24,10 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from sapwood.adapters.verl.rows import TrajectoryRow
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
+
+from sapwood.adapters.verl.rows import TrajectoryRow
 
 __all__ = ["Cut", "rows_to_data_proto"]
 

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sapwood.adapters.verl.rows import trajectory_rows
-
 from sapwood.learner.source import SourceConfig, build_batch
+
+from sapwood.adapters.verl.rows import trajectory_rows
 from sapwood.platform import runs
 from sapwood.platform.store import Store
 
