@@ -6,8 +6,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-SPECIAL = ["<pad>", "<eos>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
 from tests.support.verl_trees import TOKENIZER_VOCAB as VOCAB
+
+SPECIAL = ["<pad>", "<eos>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
 
 
 @pytest.fixture(scope="session")
