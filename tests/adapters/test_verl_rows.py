@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from sapwood.learner.source import SourceConfig, build_batch
 
 from sapwood.adapters.verl.rows import trajectory_rows
+from sapwood.learner.assembly import build_batch
+from sapwood.learner.config import SourceConfig
 from sapwood.platform.store import Store
 from tests.support.verl_trees import record_group
 

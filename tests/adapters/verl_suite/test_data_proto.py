@@ -7,13 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from sapwood.learner.source import SourceConfig, build_batch
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.workers.config.actor import ActorConfig
 
 from sapwood.adapters.verl.data_proto import rows_to_data_proto
 from sapwood.adapters.verl.rows import TrajectoryRow, trajectory_rows
+from sapwood.learner.assembly import build_batch
+from sapwood.learner.config import SourceConfig
 from sapwood.platform.store import Store
 from tests.support.verl_trees import record_group
 

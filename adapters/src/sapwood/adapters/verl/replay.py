@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sapwood.learner.source import SourceConfig, build_batch
-
 from sapwood.adapters.verl.rows import trajectory_rows
+from sapwood.learner.assembly import build_batch
+from sapwood.learner.config import SourceConfig
 from sapwood.platform import runs
 from sapwood.platform.store import Store
 

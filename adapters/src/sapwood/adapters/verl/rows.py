@@ -7,7 +7,7 @@ logical root-to-leaf path of an execution's tree; within one context (segment) i
 sequence's first trainable token, the response everything from there on. A trajectory that crosses a
 compaction boundary has one sequence per segment and so one row per segment, each carrying the
 trajectory's reward (the CompactionRL rule: every segment shares the final outcome). At most Jmax
-trajectories per execution, as the learner selects them (:class:`~sapwood.learner.source.SourceConfig`).
+trajectories per execution, as the learner selects them (:class:`~sapwood.learner.config.SourceConfig`).
 """
 
 from __future__ import annotations
