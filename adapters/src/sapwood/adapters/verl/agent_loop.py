@@ -15,15 +15,22 @@ proceeds as without Sapwood.
 
 Samples of one prompt (verl's ``rollout.n``, rows sharing a ``uid``) that run in the same agent-loop
 worker become branches of ONE execution: the prompt is recorded once, then a fork of degree n, and each
-sample's calls continue its own branch. A group split across workers (verl chunks the batch per worker)
-records one execution per worker's share, tagged with the same ``uid`` in its metadata. The execution
+sample's calls continue its own branch. With :class:`~sapwood.adapters.verl.manager.SapwoodAgentLoopManager`
+as verl's agent-loop manager a group is never split across workers (and each execution records verl's
+step, the job's attempt and whether it is validation); without it, or with fewer groups than workers, a
+split group records one execution per worker's share, tagged with the same ``uid``. The execution
 finishes when every sample of the group is done, with the mean of the samples' ``reward_score`` when the
 loop computed one (each branch's score is a leaf reward), unscored otherwise (verl's reward manager
 scores later: ``ExecutionRecorder.score``).
 
 Policy version: verl passes none to an agent loop; the loop records ``kwargs["sapwood_policy_version"]``
-or ``kwargs["global_steps"]`` when the dataset row carries one, else :func:`set_policy_version`'s value
-(call it from the trainer after each weight sync).
+or ``kwargs["global_steps"]`` when the dataset row carries one, else step − 1 of the manager's stamp, else
+:func:`set_policy_version`'s value (:func:`policy_version_of`). The ``sapwood_*`` columns are not passed on
+to the inner loop.
+
+Restarts: execution ids derive from (run, attempt, step, uid, share); a job resumed from its checkpoint is a
+new attempt, so the step it re-runs records new executions beside what the killed attempt half-recorded
+(those stay unfinished, so they are never trained) and no id is recorded twice.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
 
-__all__ = ["RecordingServerManager", "SapwoodAgentLoop", "recorder_for", "set_policy_version"]
+__all__ = ["RecordingServerManager", "SapwoodAgentLoop", "execution_stamp", "policy_version_of", "recorder_for",
+           "set_policy_version"]
 
 _POLICY_VERSION = 0
 _RECORDERS: dict[tuple[str, str], Recorder] = {}
@@ -134,6 +142,24 @@ class RecordingServerManager:
         return output
 
 
+def execution_stamp(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What the ``sapwood`` manager stamped on the row (defaults without it): step, attempt, share, validate."""
+    return {"verl_step": int(kwargs.get("sapwood_step", -1)), "verl_attempt": str(kwargs.get("sapwood_attempt", "")),
+            "verl_share": int(kwargs.get("sapwood_share", 0)),
+            "verl_validate": bool(kwargs.get("sapwood_validate", False))}
+
+
+def policy_version_of(kwargs: dict[str, Any]) -> int:
+    """The weights version of a row's rollout: the row's own ``sapwood_policy_version`` / ``global_steps``,
+    else step − 1 from the manager's ``sapwood_step`` (verl rolls out step s on the weights after s − 1
+    updates), else :func:`set_policy_version`'s value."""
+    for key in ("sapwood_policy_version", "global_steps"):
+        if kwargs.get(key) is not None:
+            return int(kwargs[key])
+    step = int(kwargs.get("sapwood_step", -1))
+    return step - 1 if step >= 1 else _POLICY_VERSION
+
+
 def _starts_with(ids: np.ndarray, prefix: np.ndarray) -> bool:
     return ids.size >= prefix.size and bool(np.array_equal(ids[: prefix.size], prefix))
 
@@ -160,24 +186,28 @@ class SapwoodAgentLoop(AgentLoopBase):
 
     def _group(self, kwargs: dict[str, Any]) -> tuple[_Group, str]:
         uid = str(kwargs.get("uid") or kwargs.get("index") or uuid.uuid4().hex)
-        group = _GROUPS.get(uid)
+        stamp = execution_stamp(kwargs)
+        key = f"{stamp['verl_attempt']}/{stamp['verl_step']}/{uid}/{stamp['verl_share']}"
+        group = _GROUPS.get(key)
         if group is None:
             rec = recorder_for(self.config)
             extra = kwargs.get("extra_info") or {}
             task_id = str(kwargs.get("task_id") or extra.get("index", uid) if isinstance(extra, dict) else uid)
-            execution_id = str(uuid.uuid5(NAMESPACE, f"{rec.run_id}/{uid}"))
+            execution_id = str(uuid.uuid5(NAMESPACE, f"{rec.run_id}/{key}"))
             execution = rec.start(task_id, task_family=str(kwargs.get("data_source") or rec.task_family),
-                                  execution_id=execution_id, metadata={"verl_uid": uid})
-            group = _Group(execution, expected=int(self.rollout_config.get("n", 1) or 1))
-            _GROUPS[uid] = group
-        return group, uid
+                                  execution_id=execution_id, metadata={"verl_uid": uid, **stamp})
+            size = kwargs.get("sapwood_group_size") or self.rollout_config.get("n", 1) or 1
+            group = _Group(execution, expected=int(size))
+            _GROUPS[key] = group
+        return group, key
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         group, uid = self._group(kwargs)
-        version = int(kwargs.get("sapwood_policy_version", kwargs.get("global_steps", _POLICY_VERSION)))
+        version = policy_version_of(kwargs)
         manager = RecordingServerManager(self.server_manager, group, version)
         try:
-            output: AgentLoopOutput = await self._inner(manager).run(sampling_params, **kwargs)
+            inner_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("sapwood_")}
+            output: AgentLoopOutput = await self._inner(manager).run(sampling_params, **inner_kwargs)
         except BaseException as exc:
             async with group.lock:
                 _GROUPS.pop(uid, None)
