@@ -3,7 +3,8 @@
 Text is tokenized as one id per character (``ord``); chat messages render ChatML-like as
 ``[1] + ids(role + ":" + content) + [2]`` each, plus ``[1] + ids("assistant:")`` as the generation
 prompt, so an assistant message re-rendered in the next prompt continues the previous context
-verbatim. The output is ``max_tokens`` characters of ``"abcdefgh..."`` shifted by the prompt length; log-probs are ``-0.25 * (k + 1)``.
+verbatim. The output is ``max_tokens`` characters of ``"abcdefgh..."`` shifted by the prompt length;
+log-probs are ``-0.25 * (k + 1)``.
 """
 
 from __future__ import annotations
