@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -41,7 +42,7 @@ def gateway(vllm_url: str, tmp_path: Path) -> Iterator[tuple[str, Store]]:
     store.close()
 
 
-def _turn(client: openai.OpenAI, prompt: list[int]) -> tuple[list[int], list[int]]:
+def _turn(client: Any, prompt: list[int]) -> tuple[list[int], list[int]]:
     """One call; returns (prompt ids, output ids) as the gateway passed them through."""
     r = client.completions.create(
         model="tiny", prompt=prompt, extra_body={"return_token_ids": True, "ignore_eos": True}, **SAMPLING
@@ -99,7 +100,7 @@ def test_chat_through_the_gateway_records_vllms_rendered_prompt(gateway: tuple[s
         base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600, default_headers={"X-Session-Id": "chat-1"}
     )
     msgs = [{"role": "user", "content": "the tree"}]
-    r = client.chat.completions.create(model="tiny", messages=msgs, **SAMPLING)  # type: ignore[arg-type]
+    r = client.chat.completions.create(model="tiny", messages=msgs, **SAMPLING)
     assert r.choices[0].logprobs is None, "the client asked for no log-probs: the gateway strips them"
     direct = (
         httpx.post(
@@ -111,7 +112,7 @@ def test_chat_through_the_gateway_records_vllms_rendered_prompt(gateway: tuple[s
         .json()
     )
     with store.transaction() as conn:
-        (call_id,) = conn.exec_driver_sql("SELECT call_id FROM calls").fetchone()
+        call_id = conn.exec_driver_sql("SELECT call_id FROM calls").scalar_one()
         a = audit(conn, call_id, tokenizer=None)
     assert a["verified"]
     assert a["input"]["token_ids"].tolist() == direct["prompt_token_ids"]

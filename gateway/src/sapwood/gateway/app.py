@@ -111,7 +111,7 @@ class Gateway:
     def record(self, ref: SessionRef, endpoint: Endpoint, answer: dict[str, Any]) -> list[tuple[str, str]]:
         """Record every choice of ``answer`` in the session's execution; returns (placement kind, call id)s."""
         choices = recorded_choices(endpoint, answer)
-        kinds = []
+        kinds: list[tuple[str, str]] = []
         with self._lock:
             session = self.sessions.touch(ref, time.monotonic())
             ex = self._execution(session)
