@@ -103,8 +103,9 @@ def stats(database_url: DatabaseOpt = None) -> None:
             table.add_column(col)
         for run_id, epochs in progress.items():
             for epoch, counts in epochs.items():
-                table.add_row(run_id, str(epoch), *(f"{counts[k]:,}" for k in ("pending", "claimed", "done",
-                                                                               "abandoned")))
+                table.add_row(
+                    run_id, str(epoch), *(f"{counts[k]:,}" for k in ("pending", "claimed", "done", "abandoned"))
+                )
         console.print(table)
 
 
@@ -167,24 +168,35 @@ def _print_stats(s: dict[str, object]) -> None:
 
 
 #: Per component whose package needs an extra's packages to import: (extra, its top-level commands).
-_EXTRA_COMMANDS = {"learner": ("learner", ("learn",)), "scheduler": ("scheduler", ("scheduler",)),
-                   "api": ("api", ("serve", "keys")), "demo": ("demo", ("demo",))}
+_EXTRA_COMMANDS = {
+    "learner": ("learner", ("learn",)),
+    "scheduler": ("scheduler", ("scheduler",)),
+    "api": ("api", ("serve", "keys")),
+    "demo": ("demo", ("demo",)),
+    "gateway": ("gateway", ("gateway",)),
+}
 
 
 def _needs_extra(command: str, extra: str, missing: str) -> None:
     """Register ``command`` as a stub that says which extra to install (its component could not be imported)."""
 
-    @app.command(command, hidden=True, add_help_option=False,
-                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command(
+        command,
+        hidden=True,
+        add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
     def _stub() -> None:
-        console.print(f"[red]error:[/] `sapwood {command}` needs {missing}, which this installation lacks: "
-                      f"install sapwood\\[{extra}] (pip install 'sapwood\\[{extra}]')")
+        console.print(
+            f"[red]error:[/] `sapwood {command}` needs {missing}, which this installation lacks: "
+            f"install sapwood\\[{extra}] (pip install 'sapwood\\[{extra}]')"
+        )
         raise typer.Exit(1)
 
 
 # Component commands (ingest, learn, serve, demo, ...) register themselves when installed; a component
 # whose extra is not installed gets stubs naming that extra.
-for _component in ("ingest", "learner", "scheduler", "api", "demo"):
+for _component in ("ingest", "learner", "scheduler", "api", "demo", "gateway"):
     try:
         _mod = importlib.import_module(f"sapwood.{_component}.cli")
     except ModuleNotFoundError as _exc:

@@ -1,0 +1,158 @@
+"""The recording proxy against an in-process stand-in upstream: what is recorded, what the client sees."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from sapwood.gateway.app import GatewayConfig, create_app, pick_upstream
+from sapwood.platform.schema import executions
+from sapwood.platform.store import Store
+from sapwood.rollout.transports import InProcessTransport
+from tests.support.stub_upstream import generate, render_chat, stub_app, text_ids
+
+
+@dataclass
+class Rig:
+    client: TestClient
+    store: Store
+    upstream: FastAPI
+    app: FastAPI
+
+
+def _rig(tmp_path: Path, *, malformed: bool = False) -> Iterator[Rig]:
+    store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
+    transport = InProcessTransport(store, batch_size=1)
+    upstream = stub_app(malformed=malformed)
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=upstream))
+    app = create_app(GatewayConfig(upstreams=["http://stub"], run_id="gw-test"), transport, client=http)
+    with TestClient(app) as client:
+        yield Rig(client, store, upstream, app)
+    transport.close()
+    store.close()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    yield from _rig(tmp_path)
+
+
+def _status(store: Store) -> list[tuple[str, float | None]]:
+    with store.transaction() as conn:
+        return [(r.status, r.reward) for r in conn.execute(select(executions.c.status, executions.c.reward))]
+
+
+def test_completion_with_token_ids_is_recorded_exactly_and_extras_are_stripped(rig: Rig) -> None:
+    r = rig.client.post("/s/sess-1/v1/completions", json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["logprobs"] is None, "the client asked for no log-probs"
+    assert "token_ids" not in choice and "prompt_token_ids" not in choice
+    sent = rig.upstream.state.requests[-1]
+    assert sent["return_token_ids"] is True and sent["logprobs"] == 1
+    call_id = r.headers["x-sapwood-call-id"]
+    out, lps, _ = generate([5, 6, 7], 3)
+    assert rig.store.reconstruct_input(call_id).tolist() == [5, 6, 7]
+    ids, logprobs = rig.store.call_output(call_id)
+    assert ids.tolist() == out and logprobs.tolist() == lps
+
+
+def test_client_that_asked_for_logprobs_and_ids_keeps_them(rig: Rig) -> None:
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "logprobs": 1, "return_token_ids": True}
+    choice = rig.client.post("/v1/completions", json=body, headers={"X-Session-Id": "s2"}).json()["choices"][0]
+    assert choice["prompt_token_ids"] == text_ids("hi")
+    assert choice["logprobs"]["token_logprobs"] == [-0.25, -0.5]
+
+
+def test_chat_records_rendered_prompt_ids_and_places_chain_fork_and_segment(rig: Rig) -> None:
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "task"}]
+    first = rig.client.post("/s/chat/v1/chat/completions", json={"messages": msgs, "max_tokens": 4})
+    assert first.headers["x-sapwood-placement"] == "root"
+    reply = first.json()["choices"][0]["message"]["content"]
+    assert first.json()["choices"][0]["logprobs"] is None
+    assert rig.store.reconstruct_input(first.headers["x-sapwood-call-id"]).tolist() == render_chat(msgs)
+    turn2 = [*msgs, {"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
+    second = rig.client.post("/s/chat/v1/chat/completions", json={"messages": turn2, "max_tokens": 4})
+    # the stand-in's template puts the assistant text right after the generation prompt, so the
+    # previous context (prompt + output) is a prefix of the new prompt: the next call of the chain
+    assert second.headers["x-sapwood-placement"] == "next"
+    alt = [*msgs, {"role": "assistant", "content": reply}, {"role": "user", "content": "other"}]
+    fork = rig.client.post("/s/chat/v1/chat/completions", json={"messages": alt, "max_tokens": 4, "logprobs": True})
+    assert fork.headers["x-sapwood-placement"] == "fork"
+    assert [c["logprob"] for c in fork.json()["choices"][0]["logprobs"]["content"]] == [-0.25, -0.5, -0.75, -1.0]
+    summary = fork.json()["choices"][0]["message"]["content"]
+    compacted = [{"role": "user", "content": f"summary so far {summary}"}]
+    seg = rig.client.post("/s/chat/v1/chat/completions", json={"messages": compacted, "max_tokens": 2})
+    assert seg.headers["x-sapwood-placement"] == "segment"
+    for r in (first, second, fork, seg):
+        call_id = r.headers["x-sapwood-call-id"]
+        assert rig.store.call_output(call_id)[0].tolist() == text_ids(r.json()["choices"][0]["message"]["content"])
+
+
+def test_finish_records_status_reward_and_partial_score(rig: Rig) -> None:
+    rig.client.post("/s/fin/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
+    r = rig.client.post("/v1/sessions/fin/finish", json={"status": "success", "reward": 0.5, "partial_score": 0.25})
+    assert r.status_code == 200, r.text
+    assert _status(rig.store) == [("success", 0.5)]
+    again = rig.client.post("/v1/sessions/fin/finish", json={"status": "success"})
+    assert again.status_code == 404 and "fin" in again.json()["error"]["message"]
+
+
+def test_finish_with_unknown_status_is_a_clear_400(rig: Rig) -> None:
+    rig.client.post("/s/bad/v1/completions", json={"prompt": [1], "max_tokens": 1})
+    r = rig.client.post("/v1/sessions/bad/finish", json={"status": "done"})
+    assert r.status_code == 400 and "success, error, timeout" in r.json()["error"]["message"]
+
+
+def test_idle_sessions_end_as_timeout(rig: Rig) -> None:
+    rig.client.post("/s/idle/v1/completions", json={"prompt": [1], "max_tokens": 1})
+    gw = rig.app.state.gateway
+    last = gw.sessions.open["idle"].last_seen
+    assert gw.expire_idle(last + gw.config.idle_timeout_s - 0.001) == []
+    assert gw.expire_idle(last + gw.config.idle_timeout_s) == ["idle"]
+    assert _status(rig.store) == [("timeout", None)]
+
+
+def test_request_without_a_session_is_refused(rig: Rig) -> None:
+    r = rig.client.post("/v1/completions", json={"prompt": [1], "max_tokens": 1})
+    assert r.status_code == 400 and "X-Session-Id" in r.json()["error"]["message"]
+    assert rig.upstream.state.requests == []
+
+
+def test_models_passthrough_health_and_metrics(rig: Rig) -> None:
+    assert rig.client.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert rig.client.get("/s/x/v1/models").status_code == 200
+    rig.client.post("/s/m/v1/completions", json={"prompt": [1], "max_tokens": 1})
+    assert rig.client.get("/health").json()["open_sessions"] == 1
+    metrics = rig.client.get("/metrics").text
+    assert 'sapwood_gateway_calls_total{endpoint="completions",outcome="recorded"} 1.0' in metrics
+
+
+def test_malformed_upstream_answer_is_a_502_and_nothing_is_recorded(tmp_path: Path) -> None:
+    for rig in _rig(tmp_path, malformed=True):
+        r = rig.client.post("/s/mal/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+        assert r.status_code == 502
+        assert "prompt_token_ids" in r.json()["error"]["message"]
+        assert 'outcome="malformed"} 1.0' in rig.client.get("/metrics").text
+        assert rig.store.stats()["calls"] == 0
+
+
+def test_sessions_are_pinned_to_one_upstream_and_spread_over_all() -> None:
+    ups = ["http://a", "http://b", "http://c"]
+    assert all(pick_upstream(ups, f"s{i}") == pick_upstream(ups, f"s{i}") for i in range(50))
+    assert {pick_upstream(ups, f"s{i}") for i in range(50)} == set(ups)
+
+
+def test_config_rejects_missing_or_bad_upstreams() -> None:
+    with pytest.raises(ValueError, match="at least one --upstream"):
+        GatewayConfig(upstreams=[])
+    with pytest.raises(ValueError, match="http:// or https://"):
+        GatewayConfig(upstreams=["localhost:8000"])
+    assert GatewayConfig(upstreams=["http://h:1/v1/"]).upstreams == ["http://h:1"]

@@ -1,0 +1,100 @@
+"""A tiny stand-in for a vLLM OpenAI-compatible server: answers at once, in vLLM's format.
+
+Text is tokenized as one id per character (``ord``); chat messages render ChatML-like as
+``[1] + ids(role + ":" + content) + [2]`` each, plus ``[1] + ids("assistant:")`` as the generation
+prompt, so an assistant message re-rendered in the next prompt continues the previous context
+verbatim. The output is ``max_tokens`` characters of ``"abcdefgh..."`` shifted by the prompt length;
+log-probs are ``-0.25 * (k + 1)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+
+
+def text_ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def render_chat(messages: list[dict[str, Any]]) -> list[int]:
+    ids: list[int] = []
+    for m in messages:
+        ids += [1, *text_ids(f"{m['role']}:{m['content']}"), 2]
+    return [*ids, 1, *text_ids("assistant:")]
+
+
+def generate(prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float], str]:
+    text = "".join(ALPHABET[(len(prompt_ids) + k) % 26] for k in range(max_tokens))
+    return text_ids(text), [-0.25 * (k + 1) for k in range(max_tokens)], text
+
+
+def stub_app(*, malformed: bool = False) -> FastAPI:
+    """The stand-in; ``malformed=True`` answers without token ids (an upstream that ignores the request)."""
+    app = FastAPI()
+    app.state.requests = []
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        app.state.requests.append(body)
+        prompt = body["prompt"]
+        prompt_ids = text_ids(prompt) if isinstance(prompt, str) else list(prompt)
+        out, lps, text = generate(prompt_ids, int(body.get("max_tokens", 4)))
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+        if body.get("logprobs") is not None:
+            choice["logprobs"] = {
+                "tokens": list(text),
+                "token_logprobs": lps,
+                "top_logprobs": [{c: lp} for c, lp in zip(text, lps, strict=True)],
+                "text_offset": list(range(len(text))),
+            }
+        if body.get("return_token_ids") and not malformed:
+            choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = out
+        return JSONResponse(
+            {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": body.get("model", "tiny"),
+                "choices": [choice],
+                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out)},
+            }
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        app.state.requests.append(body)
+        prompt_ids = render_chat(body["messages"])
+        out, lps, text = generate(prompt_ids, int(body.get("max_tokens", 4)))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "length",
+            "logprobs": None,
+        }
+        if body.get("logprobs"):
+            choice["logprobs"] = {
+                "content": [{"token": c, "logprob": lp, "top_logprobs": []} for c, lp in zip(text, lps, strict=True)]
+            }
+        answer: dict[str, Any] = {
+            "id": "chat-1",
+            "object": "chat.completion",
+            "model": body.get("model", "tiny"),
+            "choices": [choice],
+        }
+        if body.get("return_token_ids") and not malformed:
+            answer["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = out
+        return JSONResponse(answer)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
+
+    return app
