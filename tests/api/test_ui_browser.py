@@ -62,12 +62,69 @@ def hostile_execution() -> ExecutionWriter:
     return w
 
 
+BIDI_TEXT = "\u202Elive \u2066x\u2069"
+BIG_NODES = 16_384
+
+
+def big_execution() -> ExecutionWriter:
+    """A 16,384-node tree: 64 branches from one prompt; each a chain of ~250 observations with a one-node
+    side branch every 25 nodes, and one compaction (summary call + new segment) in the first branch."""
+    w = ExecutionWriter(run_id="big", task_id="big-tree", engine="synthetic")
+    w.start()
+    root = w.prompt(chars("solve the big task")).node_id
+    w.fork(root, 64)
+    n = 1
+    for b in range(64):
+        at = root
+        for i in range(255):
+            if n >= BIG_NODES:
+                break
+            if b == 0 and i == 100:
+                summary = w.call(at, chars(""), chars("sum"), np.full(3, -0.5, dtype=np.float32), kind="summary")
+                w.compact(summary.output_node_id, chars("compacted context"))
+                at = summary.output_node_id
+                n += 2
+                continue
+            at = w.observe(at, chars(f"b{b} step {i}")).node_id
+            n += 1
+            if i % 25 == 24 and n < BIG_NODES:
+                w.observe(at, chars("side"))
+                n += 1
+    w.finish("success", reward=1.0)
+    return w
+
+
+def bidi_execution() -> ExecutionWriter:
+    """An execution whose text (char tokenizer) carries bidi-override and isolate controls."""
+    w = ExecutionWriter(run_id="bidi", task_id="bidi-task", engine="synthetic")
+    w.start()
+    p = w.prompt(chars(BIDI_TEXT))
+    out = chars("ok \u202Dxy")
+    w.call(p.node_id, chars(""), out, np.full(out.size, -0.2, dtype=np.float32))
+    w.finish("success", reward=1.0)
+    return w
+
+
+def group_starts(tree: dict[str, Any]) -> set[str]:
+    """Node ids that begin a box of the drawn tree: roots, segment roots, and children of a fork, of a summary or
+    of a node with other than one child (a run of single children in one segment is one box)."""
+    kids: dict[str, int] = {}
+    for n in tree["nodes"]:
+        if n["parent_id"]:
+            kids[n["parent_id"]] = kids.get(n["parent_id"], 0) + 1
+    ends = set(tree["fork_points"]) | {n["node_id"] for n in tree["nodes"] if n["role"] == "summary"}
+    return {n["node_id"] for n in tree["nodes"]
+            if not n["parent_id"] or n["parent_id"] in ends or kids[n["parent_id"]] != 1}
+
+
 @dataclass
 class Served:
     base: str
     key: str
     writers: list[ExecutionWriter]
     hostile: ExecutionWriter
+    big: ExecutionWriter
+    bidi: ExecutionWriter
     log: Path
     console: list[str] = field(default_factory=list)
 
@@ -86,6 +143,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     writers = load_executions(store, 4)
     hostile = hostile_execution()
     store.apply(hostile.events)
+    big, bidi = big_execution(), bidi_execution()
+    store.apply(big.events)
+    store.apply(bidi.events)
     with store.transaction() as conn:
         key = create_key(conn, "viewer", "read")[0]
         runs.create_run(conn, "replay-1", runs.ExecutionFilter(run_id="rollout-a"), seed=3, description="warm-up")
@@ -95,7 +155,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     log = tmp / "serve.log"
     env = {"SAPWOOD_DATABASE_URL": url, "SAPWOOD_TOKENIZER": "char", "SAPWOOD_KAFKA_BOOTSTRAP": ""}
     with log.open("w") as out, sapwood_serve(env, output=out) as base:
-        yield Served(base, key, writers, hostile, log)
+        yield Served(base, key, writers, hostile, big, bidi, log)
 
 
 @pytest.fixture(scope="module")
@@ -193,32 +253,105 @@ def test_the_tree_of_a_three_segment_execution_with_forks(page: Page, served: Se
     assert ex["n_segments"] == 3
     assert ex["n_forks"] >= 1
     assert ex["status"] == "timeout"
+    starts = group_starts(tree)
+    assert len(starts) < len(tree["nodes"])  # some chains are collapsed
+    page.set_viewport_size({"width": 1400, "height": 6000})  # tall enough that every box is in view
     login(page, served)
     page.wait_for_selector("text=rollout-a")
     goto(page, served, f"#/execution/{w.execution_id}")
-    nodes = page.locator("#tree .node")
-    assert nodes.count() == len(tree["nodes"])
-    drawn = set(page.eval_on_selector_all("#tree .node", "els => els.map(e => e.dataset.node)"))
-    assert drawn == {n["node_id"] for n in tree["nodes"]}
+    page.wait_for_selector("#tree[data-ready]")
+    assert page.get_attribute("#tree", "data-groups") == str(len(starts))
+    boxes = page.locator("#tree .node")
+    assert boxes.count() == len(starts)
+    assert set(page.eval_on_selector_all("#tree .node", "els => els.map(e => e.dataset.node)")) == starts
+    counts = page.eval_on_selector_all("#tree .node", "els => els.map(e => Number(e.dataset.count))")
+    assert sum(counts) == len(tree["nodes"])
     assert set(page.eval_on_selector_all("#tree .node", "els => els.map(e => e.dataset.segment)")) == {"0", "1", "2"}
     segment_roots = [n for n in tree["nodes"] if n["parent_id"] is None and n["prev_segment_node"]]
-    assert page.locator("#tree .segment-start").count() == len(segment_roots) >= 2
+    assert page.locator("#tree .node.segment-root").count() == len(segment_roots) >= 2
+    # one dashed edge per compaction, from the summary's box to the segment root's
+    assert page.get_attribute("#tree .segment-edge", "d").count("M") == len(segment_roots)
     assert page.locator("#tree .flag.fork").count() == len(tree["fork_points"])
     assert page.locator("#tree .flag.summary").count() == sum(n["role"] == "summary" for n in tree["nodes"])
     leaves = page.locator("#tree .flag.leaf")
     assert leaves.count() == len(tree["leaves"])
     partial = f"timed out — partial score {ex['score']:.3f}"
     assert all(partial in t for t in leaves.all_text_contents())
-    # each segment root is drawn after the summary it continues, behind a "segment N" marker
-    for root in segment_roots:
-        placed = page.evaluate(
-            "([root, summary]) => { const r = document.querySelector(`#tree [data-node='${root}']`); "
-            "const s = document.querySelector(`#tree [data-node='${summary}']`); "
-            "return [r.previousElementSibling.className, s.dataset.role, "
-            "Boolean(s.compareDocumentPosition(r) & Node.DOCUMENT_POSITION_FOLLOWING)]; }",
-            [root["node_id"], root["prev_segment_node"]])
-        assert placed == ["segment-start", "summary", True]
+    # text inline (char tokenizer): every box shows its first node's decoded text
+    first = tree["nodes"][0]
+    detail = served.api(f"/v1/nodes/{first['node_id']}?limit=48")
+    page.wait_for_function("([id, t]) => document.querySelector(`#tree [data-node='${id}'] .txt`).textContent === t",
+                           arg=[first["node_id"], detail["text"]])
+    shot(page, "tree-tall")
+    # a collapsed chain expands into one box per node, and collapses back
+    chain = page.locator("#tree .node.chain").first
+    key, count = chain.get_attribute("data-node"), int(chain.get_attribute("data-count") or 0)
+    assert count >= 2
+    chain.locator(".chain-toggle").click()
+    assert page.get_attribute("#tree", "data-groups") == str(len(starts) + count - 1)
+    assert page.get_attribute(f"#tree [data-node='{key}']", "data-count") == "1"
+    page.click(f"#tree [data-node='{key}'] .chain-toggle")
+    assert page.get_attribute("#tree", "data-groups") == str(len(starts))
+    page.set_viewport_size({"width": 1280, "height": 900})
     shot(page, "tree")
+
+
+def test_a_16k_node_tree_draws_in_under_a_second(page: Page, served: Served) -> None:
+    """Time from the parsed /tree response to the first full draw of the viewport (the page's performance
+    measure "sapwood:tree-render"), and only the boxes in view are in the DOM."""
+    eid = served.big.execution_id
+    tree = served.api(f"/v1/executions/{eid}/tree")
+    assert len(tree["nodes"]) == BIG_NODES
+    assert not tree["truncated"]
+    starts = group_starts(tree)
+    login(page, served)
+    page.wait_for_selector("text=rollout-a")
+    goto(page, served, f"#/execution/{eid}")
+    page.wait_for_selector("#tree[data-ready]")
+    render_ms = page.evaluate("performance.getEntriesByName('sapwood:tree-render')[0].duration")
+    print(f"16K-node tree: {render_ms:.0f} ms from parsed response to first draw, {len(starts)} boxes")
+    assert render_ms < 1000
+    assert page.get_attribute("#tree", "data-nodes") == str(BIG_NODES)
+    assert page.get_attribute("#tree", "data-groups") == str(len(starts))
+    in_dom = page.locator("#tree .node").count()
+    assert 0 < in_dom < 100 < len(starts)  # virtualised: only what is in view
+    assert page.locator("#tree .node.segment-root").count() + page.locator("#tree .flag.fork").count() >= 1
+    shot(page, "tree-16k")
+    before = set(page.eval_on_selector_all("#tree .node", "els => els.map(e => e.dataset.node)"))
+    page.eval_on_selector("#tree", "t => { t.scrollTop = t.scrollHeight; }")
+    page.wait_for_function("n => [...document.querySelectorAll('#tree .node')].every(e => !n.includes(e.dataset.node))",
+                           arg=sorted(before))
+    assert 0 < page.locator("#tree .node").count() < 100
+    assert served.console == []
+
+
+def test_bidi_controls_are_shown_escaped_in_logical_order(page: Page, served: Served) -> None:
+    w = served.bidi
+    (root,) = [n for n in served.api(f"/v1/executions/{w.execution_id}/tree")["nodes"] if n["role"] == "prompt"]
+    escaped = "\\u202Elive \\u2066x\\u2069"
+    login(page, served)
+    page.wait_for_selector("text=rollout-a")
+    goto(page, served, f"#/node/{root['node_id']}")
+    assert page.text_content("#node-text") == escaped
+    assert page.eval_on_selector_all("#node-text .bidi", "els => els.map(e => e.textContent)") == [
+        "\\u202E", "\\u2066", "\\u2069"]
+    controls = page.evaluate("() => [...document.body.innerText].filter(c => /[\\u202A-\\u202E\\u2066-\\u2069"
+                             "\\u200E\\u200F\\u061C]/.test(c)).length")
+    assert controls == 0
+    # "live" is laid out left to right as stored: each letter right of the one before
+    lefts = page.evaluate("""() => {
+      const t = [...document.querySelector('#node-text').childNodes].find(n => n.nodeType === 3 && n.data.startsWith('live'));
+      return [0, 1, 2, 3].map(i => { const r = document.createRange(); r.setStart(t, i); r.setEnd(t, i + 1);
+        return r.getBoundingClientRect().left; }); }""")
+    assert lefts == sorted(lefts) and len(set(lefts)) == 4
+    goto(page, served, f"#/execution/{w.execution_id}")
+    page.wait_for_function("id => document.querySelector(`#tree [data-node='${id}'] .txt`).textContent.includes('live')",
+                           arg=root["node_id"])
+    assert page.text_content(f"#tree [data-node='{root['node_id']}'] .txt") == escaped
+    call = calls_of(w)[0].event_id
+    goto(page, served, f"#/call/{call}")
+    assert page.text_content("#output-text") == "ok \\u202Dxy"
+    shot(page, "bidi")
 
 
 def test_clicking_a_call_shows_the_context_the_audit_verified(page: Page, served: Served) -> None:
@@ -226,10 +359,17 @@ def test_clicking_a_call_shows_the_context_the_audit_verified(page: Page, served
     tree = served.api(f"/v1/executions/{w.execution_id}/tree")
     node = next(n for n in tree["nodes"] if n["call_id"] and n["segment"] == 2)
     audit = served.api(f"/v1/calls/{node['call_id']}/audit")
+    starts, by_id = group_starts(tree), {n["node_id"]: n for n in tree["nodes"]}
+    start = node
+    while start["node_id"] not in starts:  # the collapsed chain holding the node
+        start = by_id[start["parent_id"]]
+    page.set_viewport_size({"width": 1400, "height": 6000})
     login(page, served)
     page.wait_for_selector("text=rollout-a")
     goto(page, served, f"#/execution/{w.execution_id}")
-    page.click(f"[data-node='{node['node_id']}'] a.call")
+    if start is not node:
+        page.click(f"#tree [data-node='{start['node_id']}'] .chain-toggle")  # expand: one box per node
+    page.click(f"#tree [data-node='{node['node_id']}'] a.call")
     page.wait_for_selector("#browser-check code", timeout=60_000)
     assert page.text_content("#recorded-digest") == audit["input"]["recorded_digest"]
     assert page.text_content("#computed-digest") == audit["input"]["computed_digest"]
@@ -240,6 +380,12 @@ def test_clicking_a_call_shows_the_context_the_audit_verified(page: Page, served
     assert page.text_content("#input-context") == audit["input"]["text"]
     assert page.text_content("#policy-version") == str(audit["call"]["policy_version"])
     assert page.locator("#heatmap .tok").count() == audit["output"]["length"]
+    # the heat map colours the output's text tokens (char tokenizer: one character each), with a legend
+    assert audit["output"]["token_texts"] == list(audit["output"]["text"])
+    assert page.eval_on_selector_all("#heatmap .tok.text", "els => els.map(e => e.textContent)") == [
+        t.replace("\n", "↵").replace("\t", "→") for t in audit["output"]["token_texts"]]
+    assert page.is_visible("#heatmap-legend")
+    assert "probability of the sampled token" in page.text_content("#heatmap-legend")
     shot(page, "audit")
 
 

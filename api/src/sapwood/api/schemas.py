@@ -362,6 +362,8 @@ class NodeDetail(NodeOut):
     token_ids: list[int] = Field(description="the node's tokens in [offset, offset+limit)")
     logprobs: list[float] | None
     text: str | None = Field(description="decoded tokens when a tokenizer is configured")
+    token_texts: list[str] | None = Field(default=None, description="each token decoded on its own "
+                                                                     "(when a tokenizer is configured)")
 
 
 # -- calls and audit ------------------------------------------------------------------------------------
@@ -419,6 +421,8 @@ class AuditOutput(_Out):
     token_ids: list[int] | None
     logprobs: list[float] | None
     text: str | None
+    token_texts: list[str] | None = Field(default=None, description="each output token decoded on its own "
+                                                                     "(when a tokenizer is configured)")
 
 
 class AuditOut(_Out):

@@ -9,7 +9,7 @@ object with ``decode(ids) -> str`` — e.g. a wrapper around a Hugging Face toke
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from sapwood.platform.errors import ValidationError
@@ -76,3 +76,8 @@ def load_tokenizer(spec: str) -> Tokenizer | None:
     if not isinstance(tokenizer, Tokenizer):
         raise ValidationError(f"SAPWOOD_TOKENIZER={spec!r} gave {type(tokenizer).__name__}, which has no decode(ids)")
     return tokenizer
+
+
+def per_token_text(decode: Callable[[Sequence[int]], str], ids: Sequence[int]) -> list[str]:
+    """Each token decoded on its own (for a per-token heat map): one string per id, in order."""
+    return [decode([i]) for i in ids]

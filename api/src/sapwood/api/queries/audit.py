@@ -11,7 +11,7 @@ import numpy as np
 from sqlalchemy.engine import Connection
 
 from sapwood.api.cursors import Cursors
-from sapwood.api.tokenizer import Tokenizer
+from sapwood.api.tokenizer import Tokenizer, per_token_text
 from sapwood.platform.span_encoding import decode_span
 from sapwood.platform.storage import calls as call_reads
 from sapwood.platform.storage.calls import CALL_NAMES
@@ -88,6 +88,7 @@ def audit(conn: Connection, call_id: str, *, tokenizer: Tokenizer | None, tokens
         "output": {
             "node_id": row["output_node"], "length": int(out_ids.size), "token_ids": out_ids if tokens else None,
             "logprobs": out_lps if tokens else None, "text": decode(out_ids.tolist()) if decode else None,
+            "token_texts": per_token_text(decode, out_ids.tolist()) if decode and tokens else None,
         },
     }
 

@@ -12,6 +12,7 @@ from sapwood.api.queries import audit as audit_q
 from sapwood.api.queries import trees
 from sapwood.api.routes import AUTH_ERRORS, NOT_FOUND, json_response
 from sapwood.api.schemas import NodeCallsOut, NodeDetail, TrajectoryOut
+from sapwood.api.tokenizer import per_token_text
 from sapwood.platform.errors import ValidationError
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses=AUTH_ERRORS)
@@ -33,6 +34,7 @@ def get_node(node_id: uuid.UUID, services: ServicesDep, _key: ReadKey, offset: O
         out, ids = trees.node_detail(conn, str(node_id), offset=offset, limit=limit)
     if services.tokenizer is not None:
         out["text"] = services.tokenizer.decode(ids.tolist())
+        out["token_texts"] = per_token_text(services.tokenizer.decode, ids.tolist())
     return json_response(NodeDetail, out)
 
 

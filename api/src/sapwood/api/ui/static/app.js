@@ -20,9 +20,10 @@ function el(tag, props, ...children) {
              k === "placeholder" || k === "checked" || k === "colSpan" || k === "hidden") node[k] = v;
     else node.setAttribute(k, String(v));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    if (child instanceof Node) node.append(child);
+    else node.append(...neutralise(child)); // tree.js: bidi controls shown escaped
   }
   return node;
 }
@@ -236,8 +237,8 @@ async function pageExecution(executionId) {
     el("p", { class: "legend" },
       el("span", { class: "role prompt" }, "prompt"), el("span", { class: "role observation" }, "observation"),
       el("span", { class: "role action" }, "action"), el("span", { class: "role summary" }, "summary"),
-      " single-child chains are drawn flat; indentation grows at forks; a compaction starts a new segment " +
-      "under its summary."),
+      " a box is a node or a collapsed chain of single children (▸ expands it); edges branch at forks; " +
+      "a dashed edge leads from a compaction summary to the next segment's root."),
     tree.truncated ? el("p", { class: "error" }, `truncated: ${tree.nodes.length} of ${tree.n_nodes_total} nodes`) : null,
     renderTree(tree),
     el("h2", {}, "Trajectories (one per leaf)"),
@@ -263,57 +264,7 @@ function leafOutcome(ex, leafId, reward) {
 }
 
 function renderTree(tree) {
-  const ex = tree.execution;
-  const children = new Map();
-  const roots = [];
-  for (const n of tree.nodes) {
-    const up = n.parent_id || n.prev_segment_node;
-    if (up && tree.nodes.some((m) => m.node_id === up)) {
-      if (!children.has(up)) children.set(up, []);
-      children.get(up).push(n);
-    } else roots.push(n);
-  }
-  const forks = new Set(tree.fork_points);
-  const box = el("div", { class: "tree", id: "tree" });
-
-  function row(n) {
-    const kids = children.get(n.node_id) || [];
-    const flags = [];
-    if (forks.has(n.node_id)) flags.push(el("span", { class: "flag fork" }, `fork ×${Math.max(n.fork_branches, kids.length)}`));
-    if (n.role === "summary") flags.push(el("span", { class: "flag summary" }, "compaction summary"));
-    if (n.is_leaf) flags.push(el("span", { class: "flag leaf" }, "leaf: ", leafOutcome(ex, n.node_id, ex.reward)));
-    return el("div", { class: `node ${n.role}`, dataset: { node: n.node_id, role: n.role, segment: n.segment } },
-      el("span", { class: `role ${n.role}` }, n.role),
-      link(`#/node/${n.node_id}`, short(n.node_id), "mono"),
-      el("span", { class: "len" }, `${n.length} tok @${n.depth}`),
-      el("span", { class: "seg" }, `seg ${n.segment}`),
-      n.policy_version !== null ? el("span", { class: "pv" }, `π v${n.policy_version}`) : null,
-      n.call_id ? link(`#/call/${n.call_id}`, "call " + short(n.call_id), "call") : null,
-      flags);
-  }
-
-  function draw(start, parent) {
-    let n = start;
-    for (;;) { // a chain of single children, drawn flat
-      parent.append(row(n));
-      const kids = children.get(n.node_id) || [];
-      if (kids.length === 1) {
-        const next = kids[0];
-        if (!next.parent_id) parent.append(el("div", { class: "segment-start" }, `segment ${next.segment} (compacted context)`));
-        n = next;
-        continue;
-      }
-      for (const kid of kids) {
-        const branch = el("div", { class: "branch" });
-        if (!kid.parent_id) branch.append(el("div", { class: "segment-start" }, `segment ${kid.segment} (compacted context)`));
-        draw(kid, branch);
-        parent.append(branch);
-      }
-      return;
-    }
-  }
-  for (const r of roots) draw(r, box);
-  return box;
+  return renderTreeView(tree, { leafOutcome, tokenizer: state.features.tokenizer }); // tree.js
 }
 
 // -- a node and a call ------------------------------------------------------------------------------
@@ -323,15 +274,25 @@ function heatColor(lp) {
   return `hsl(${hue}, 70%, ${85 - 20 * (1 - p)}%)`;
 }
 
-function heatMap(tokenIds, logprobs) {
+function heatMap(tokenIds, logprobs, tokenTexts) {
   const box = el("div", { class: "heatmap", id: "heatmap" });
   tokenIds.forEach((id, i) => {
     const lp = logprobs ? logprobs[i] : null;
-    const cell = el("span", { class: "tok", title: lp === null ? `token ${id}` : `token ${id}, log-prob ${lp.toFixed(4)}` }, String(id));
+    const text = tokenTexts ? tokenTexts[i] : null;
+    const label = text === null ? String(id) : text.replace(/\n/g, "↵").replace(/\t/g, "→");
+    const cell = el("span", { class: text === null ? "tok ids" : "tok text",
+      title: `token ${id}` + (lp === null ? "" : `, log-prob ${lp.toFixed(4)}, p ${Math.exp(lp).toFixed(3)}`) }, label);
     if (lp !== null) cell.style.background = heatColor(lp);
     box.append(cell);
   });
-  return box;
+  return [heatLegend(), box];
+}
+
+function heatLegend() {
+  const stops = [0, 0.25, 0.5, 0.75, 1];
+  return el("div", { class: "heat-legend", id: "heatmap-legend" }, "probability of the sampled token: ",
+    stops.map((p) => el("span", { class: "swatch", style: { background: heatColor(p > 0 ? Math.log(p) : -20) } },
+      p === 0 ? "≈0" : String(p))), el("span", { class: "muted" }, " (hover a token for its log-prob)"));
 }
 
 function tokensOrText(text, ids, id) {
@@ -355,7 +316,7 @@ async function pageNode(nodeId) {
       fact("policy version", fmt(node.policy_version))),
     el("h2", {}, state.features.tokenizer ? "Text" : "Token ids"),
     tokensOrText(node.text, node.token_ids, "node-text"),
-    node.logprobs ? [el("h2", {}, "Rollout log-probs"), heatMap(node.token_ids, node.logprobs)] : null,
+    node.logprobs ? [el("h2", {}, "Rollout log-probs"), heatMap(node.token_ids, node.logprobs, node.token_texts)] : null,
     node.next_offset !== null ? el("p", { class: "muted" }, `first ${node.token_ids.length} tokens shown`) : null,
     el("h2", {}, `Model calls whose exact input contains this node (tokens ${seen.token_start}–${seen.token_end})`),
     table([
@@ -401,7 +362,7 @@ async function pageCall(callId) {
     tokensOrText(a.input.text, a.input.token_ids, "input-context"),
     el("h2", {}, `Output (${a.output.length} tokens) with rollout log-probs`),
     tokensOrText(a.output.text, null, "output-text"),
-    heatMap(a.output.token_ids || [], a.output.logprobs));
+    heatMap(a.output.token_ids || [], a.output.logprobs, a.output.token_texts));
   recheck(callId, a.input.recorded_digest, check);
   return page;
 }
