@@ -113,8 +113,8 @@ def test_filters_limits_and_empty_exports(client: TestClient, keys: Keys, writer
 
 
 def test_the_stream_has_several_row_groups_for_big_exports(pg_store: Store, writers: list[ExecutionWriter]) -> None:
-    chunks = list(ParquetExport(pg_store, ExecutionFilter(), rows="trajectory", limit=100, page=1,
-                                row_group_tokens=1000).open())
+    chunks = list(ParquetExport(pg_store.engine, ExecutionFilter(), rows="trajectory", limit=100, page=1,
+                                memory_bytes=8 * 4000, chunk_bytes=1 << 30).open())
     assert len(chunks) > 3
     f = pq.ParquetFile(io.BytesIO(b"".join(chunks)))
     assert f.metadata.num_row_groups == len(chunks) - 1

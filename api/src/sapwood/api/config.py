@@ -37,6 +37,16 @@ class ApiSettings(Settings):
     api_tree_max_nodes: int = Field(default=20_000, ge=1, description="most nodes one tree response may hold")
     api_max_token_page: int = Field(default=65_536, ge=1, description="most tokens one trajectory/node page holds")
     api_max_export_executions: int = Field(default=100_000, ge=1, description="most executions one export reads")
+    api_export_memory_bytes: int = Field(default=64 << 20, ge=1 << 20, description="bytes one export may buffer "
+                                         "(row groups are written at 1/8 of it; add one execution's stored arrays and "
+                                         "one trajectory row, which are never split)")
+    api_export_concurrency: int = Field(default=4, ge=1, description="exports one worker runs at once; more get 503")
+    api_export_pool_size: int = Field(default=4, ge=1, description="PostgreSQL connections of the exports' own pool")
+    api_export_statement_timeout_ms: int = Field(default=60_000, ge=1, description="statement timeout of exports")
+    api_export_idle_timeout_s: float = Field(default=60.0, gt=0, description="PostgreSQL idle-in-transaction "
+                                             "timeout of export connections")
+    api_export_send_timeout_s: float = Field(default=30.0, gt=0, description="seconds a client has to take each "
+                                             "chunk of an export; then it is dropped and its slot freed")
     api_cache_bytes: int = Field(default=256 << 20, ge=0, description="bytes of immutable responses kept per worker")
     api_key_cache_s: float = Field(
         default=5.0, ge=0, description="seconds a looked-up API key is reused (revocation delay across workers)"

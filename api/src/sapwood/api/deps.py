@@ -17,6 +17,7 @@ from sapwood.api.cache import ResponseCache
 from sapwood.api.config import ApiSettings
 from sapwood.api.cursors import Cursors
 from sapwood.api.errors import AuthenticationError
+from sapwood.api.export_pool import ExportPool
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.queries.trees import PathCache
 from sapwood.api.schemas import NO_NUL
@@ -42,6 +43,7 @@ class Services:
     versions: VersionReader
     paths: PathCache
     cursors: Cursors
+    exports: ExportPool
 
     @functools.cached_property
     def modes(self) -> Transactions:

@@ -17,6 +17,7 @@ from sapwood.api.cursors import Cursors
 from sapwood.api.db import open_store
 from sapwood.api.deps import Services
 from sapwood.api.errors import install_error_handlers
+from sapwood.api.export_pool import open_export_pool
 from sapwood.api.middleware import (
     AllowHeaderMiddleware,
     BodySizeLimitMiddleware,
@@ -60,6 +61,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
         await app.state.sapwood.versions.start()  # on the serving loop: it owns the listener
         yield
         await app.state.sapwood.versions.close()
+        app.state.sapwood.exports.close()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -81,6 +83,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
                                max_idle=settings.api_db_pool_size, push=settings.api_version_push),
         paths=LRU(512),
         cursors=Cursors(settings.api_cursor_secret.get_secret_value() or None),
+        exports=open_export_pool(settings, store),
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.api_max_body_bytes)

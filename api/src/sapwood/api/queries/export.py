@@ -20,13 +20,13 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from sapwood.api.queries.trees import TRAINABLE, TreeNode, load_nodes, reward_fields
 from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.storage.executions import executions_page
 from sapwood.platform.storage.trees import tree_reader
-from sapwood.platform.store import Store, translate_errors
+from sapwood.platform.store import translate_errors
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
 from sapwood.platform.tree import ROLE_NAMES
 
@@ -145,6 +145,14 @@ class _ExecutionData:
         return out[::-1]
 
 
+_Lists = dict[str, tuple[np.ndarray, np.ndarray | None] | None]
+"""Per list column: (values, null mask or None), or None for a null list."""
+_Row = tuple[dict[str, Any], _Lists, int]
+"""(scalar columns, list columns, tokens in the row)."""
+_SCALAR_BYTES = 64
+"""Estimated bytes of one buffered scalar value (a Python object and its list slot)."""
+
+
 class _Columns:
     """Row-group buffer: scalar columns plus flat per-token values with list offsets."""
 
@@ -157,11 +165,13 @@ class _Columns:
         self.null_lists: dict[str, list[bool]] = {name: [] for name in self.lists}
         self.tokens = 0
         self.rows = 0
+        self.nbytes = 0
+        """Bytes of the buffered per-token values and masks (what a flush copies into Arrow)."""
 
-    def add(self, scalars: dict[str, Any], lists: dict[str, tuple[np.ndarray, np.ndarray | None] | None],
-            n_tokens: int) -> None:
+    def add(self, scalars: dict[str, Any], lists: _Lists, n_tokens: int) -> None:
         for k, v in scalars.items():
             self.scalars[k].append(v)
+        self.nbytes += _SCALAR_BYTES * len(scalars)
         for name, item in lists.items():
             if item is None:
                 self.null_lists[name].append(True)
@@ -175,6 +185,7 @@ class _Columns:
             elif name in self.masks or self._maskable(name):
                 self.masks.setdefault(name, []).append(np.zeros(values.size, dtype=bool))
             self.offsets[name].append(self.offsets[name][-1] + int(values.size))
+            self.nbytes += values.nbytes + (values.size if mask is not None or name in self.masks else 0)
         self.tokens += n_tokens
         self.rows += 1
 
@@ -213,7 +224,8 @@ def _trained_reward(ex: dict[str, Any], leaf_id: str) -> dict[str, Any]:
             "reward_source": got["reward_source"]}
 
 
-def _trajectory_rows(data: _ExecutionData, out: _Columns) -> None:
+def _trajectory_rows(data: _ExecutionData) -> Iterator[_Row]:
+    """One row per leaf, built when asked for (so that the caller can flush between rows)."""
     ex = data.ex
     for leaf in (n for n in data.nodes if n.is_leaf):
         path = data.path(leaf)
@@ -235,7 +247,7 @@ def _trajectory_rows(data: _ExecutionData, out: _Columns) -> None:
                 lp_mask[pos:pos + size] = False
             pos += size
         v_mask = ~np.isin(roles, TRAINABLE) | np.repeat(np.array([n.policy_version is None for n in path]), lengths)
-        out.add(
+        yield (
             {**_exec_scalars(ex), "leaf_node_id": leaf.node_id,
              **_trained_reward(ex, leaf.node_id), "n_segments": len(starts), "n_tokens": int(ids.size),
              "n_trainable": int(np.isin(roles, TRAINABLE).sum()), "max_policy_version": ex["max_policy_version"],
@@ -246,10 +258,11 @@ def _trajectory_rows(data: _ExecutionData, out: _Columns) -> None:
         )
 
 
-def _node_rows(data: _ExecutionData, out: _Columns) -> None:
+def _node_rows(data: _ExecutionData) -> Iterator[_Row]:
+    """One row per node."""
     for n in data.nodes:
         lp = data.logprobs.get(n.node_id) if n.role in TRAINABLE else None
-        out.add(
+        yield (
             {**_exec_scalars(data.ex), "node_id": n.node_id, "parent_id": n.parent_id,
              "prev_segment_node": n.prev_segment_node, "segment": n.segment, "role": n.role,
              "role_name": ROLE_NAMES[n.role], "depth": n.depth, "level": n.level, "length": n.length,
@@ -261,64 +274,79 @@ def _node_rows(data: _ExecutionData, out: _Columns) -> None:
 
 
 class ParquetExport:
-    """A Parquet file of the executions matching a filter, produced as a stream of byte chunks.
+    """One export as an iterator of byte chunks, in memory bounded by ``memory_bytes``.
 
     :meth:`open` runs the first query eagerly, so a bad filter or an unavailable store fails the
-    request before any byte is sent; iterating yields the file row group by row group.
+    request before any byte is sent. Iterating reads one execution at a time, each with its own
+    short-lived connection of ``engine`` (none is held while a chunk waits for the client), and
+    writes a Parquet row group whenever the buffered rows reach ``memory_bytes // 4`` (the buffer,
+    its concatenation, the encoded row group and the compressed bytes each take at most about that).
+    Chunks are at most ``chunk_bytes`` long, so a client that stops reading holds little in the
+    server's send buffer. Beyond ``memory_bytes``, one export holds one execution's stored token
+    and log-prob arrays and one trajectory row (a row is never split).
     """
 
-    def __init__(self, store: Store, flt: ExecutionFilter, *, rows: ExportRows, limit: int,
-                 page: int = 20, row_group_tokens: int = 8_000_000) -> None:
-        self.store = store
+    def __init__(self, engine: Engine, flt: ExecutionFilter, *, rows: ExportRows, limit: int,
+                 page: int = 20, memory_bytes: int = 64 << 20, chunk_bytes: int = 64 << 10) -> None:
+        self.engine = engine
         self.flt = flt
         self.rows = rows
         self.limit = limit
         self.page = page
-        self.row_group_tokens = row_group_tokens
+        self.row_group_bytes = max(1, memory_bytes // 8)
+        self.chunk_bytes = chunk_bytes
         self.schema = TRAJECTORY_SCHEMA if rows == "trajectory" else NODE_SCHEMA
-        self._conn: Connection | None = None
-        self._first: list[dict[str, Any]] = []
+        self._first: list[dict[str, Any]] | None = None
 
     def open(self) -> ParquetExport:
-        with translate_errors():
-            self._conn = self.store.engine.connect()
-            try:
-                self._first = self._page(None)
-            except BaseException:
-                self._conn.close()
-                raise
+        self._first = self._page(None)
         return self
 
     def _page(self, after: tuple[float, str] | None) -> list[dict[str, Any]]:
-        assert self._conn is not None
-        return [dict(r) for r in executions_page(self._conn, self.flt, after=after, limit=self.page)]
+        with translate_errors(), self.engine.connect() as conn:
+            return [dict(r) for r in executions_page(conn, self.flt, after=after, limit=self.page)]
+
+    def _read(self, ex: dict[str, Any]) -> _ExecutionData:
+        with translate_errors(), self.engine.connect() as conn:
+            return _ExecutionData(conn, ex)
+
+    def _executions(self) -> Iterator[_ExecutionData]:
+        page = self._first if self._first is not None else self._page(None)
+        done = 0
+        while page and done < self.limit:
+            for ex in page[: self.limit - done]:
+                yield self._read(ex)
+                done += 1
+            last = page[-1]
+            page = self._page((last["started_at"], last["execution_id"])) if done < self.limit else []
+
+    def _slices(self, data: bytes) -> Iterator[bytes]:
+        view = memoryview(data)
+        for start in range(0, len(view), self.chunk_bytes):
+            yield bytes(view[start:start + self.chunk_bytes])
 
     def __iter__(self) -> Iterator[bytes]:
-        if self._conn is None:
-            self.open()
-        conn = self._conn
-        assert conn is not None
         sink = _Sink()
-        try:
-            with translate_errors():
-                writer = pq.ParquetWriter(sink, self.schema, compression="zstd")
-                buf = _Columns(self.schema)
-                done = 0
-                page = self._first
-                while page and done < self.limit:
-                    for ex in page[: self.limit - done]:
-                        data = _ExecutionData(conn, ex)
-                        (_trajectory_rows if self.rows == "trajectory" else _node_rows)(data, buf)
-                        done += 1
-                        if buf.tokens >= self.row_group_tokens:
-                            writer.write_table(buf.table())
-                            buf = _Columns(self.schema)
-                            yield sink.drain()
-                    last = page[-1]
-                    page = self._page((last["started_at"], last["execution_id"])) if done < self.limit else []
-                if buf.rows or done == 0:
+        with translate_errors():
+            writer = pq.ParquetWriter(sink, self.schema, compression="zstd", use_dictionary=_DICTIONARY_COLUMNS)
+        buf = _Columns(self.schema)
+        add_rows = _trajectory_rows if self.rows == "trajectory" else _node_rows
+        written = False
+        for data in self._executions():
+            for row in add_rows(data):
+                buf.add(*row)
+                if buf.nbytes >= self.row_group_bytes:
                     writer.write_table(buf.table())
-                writer.close()
-                yield sink.drain()
-        finally:
-            conn.close()
+                    buf = _Columns(self.schema)
+                    written = True
+                    yield from self._slices(sink.drain())
+            del data
+        if buf.rows or not written:
+            writer.write_table(buf.table())
+        del buf
+        writer.close()
+        yield from self._slices(sink.drain())
+
+
+_DICTIONARY_COLUMNS = [f.name for f in (*TRAJECTORY_SCHEMA, *NODE_SCHEMA) if pa.types.is_string(f.type)]
+"""Dictionary-encoded columns: the repeated strings (a dictionary over token ids only costs memory)."""

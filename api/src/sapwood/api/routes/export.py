@@ -9,6 +9,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from sapwood.api.deps import FilterDep, ReadKey, ServicesDep
+from sapwood.api.export_pool import ExportResponse
 from sapwood.api.queries.export import NODE_SCHEMA, TRAJECTORY_SCHEMA, ParquetExport, describe_schema
 from sapwood.api.routes import AUTH_ERRORS
 from sapwood.platform.errors import ValidationError
@@ -36,14 +37,22 @@ async def export_parquet(
 
     Trajectory rows hold aligned per-token lists ``token_ids`` (int32), ``roles`` (int8: 0 prompt,
     1 observation, 2 action, 3 summary), ``logprobs`` (float32, null where not a model output) and
-    ``policy_versions``; node rows hold each tree node once. The file streams row group by row group.
+    ``policy_versions``; node rows hold each tree node once. The file streams row group by row group,
+    in memory bounded by SAPWOOD_API_EXPORT_MEMORY_BYTES; 503 when SAPWOOD_API_EXPORT_CONCURRENCY exports run.
     """
     if limit > services.settings.api_max_export_executions:
         raise ValidationError(f"limit {limit} is above SAPWOOD_API_MAX_EXPORT_EXECUTIONS="
                               f"{services.settings.api_max_export_executions}")
-    export = await run_in_threadpool(ParquetExport(services.store, flt, rows=rows, limit=limit).open)
-    return StreamingResponse(iter(export), media_type=PARQUET,
-                             headers={"Content-Disposition": f'attachment; filename="sapwood-{rows}s.parquet"'})
+    pool = services.exports
+    pool.acquire()
+    try:
+        export = await run_in_threadpool(ParquetExport(pool.engine, flt, rows=rows, limit=limit,
+                                                       memory_bytes=pool.memory_bytes).open)
+    except BaseException:
+        pool.release()
+        raise
+    return ExportResponse(iter(export), pool, media_type=PARQUET,
+                          headers={"Content-Disposition": f'attachment; filename="sapwood-{rows}s.parquet"'})
 
 
 @router.get("/export/schema")
