@@ -10,7 +10,9 @@ Process layout (all SimPy processes, no hand-written event loop):
   observable state only, calls the policy, and starts a switch process for every moved cell.
 
 Admission control bounds staleness: rollout ``i`` may start only when ``i < (version + max_staleness + 1) ×
-batch_size`` (exactly one batch per version when the bound is 0, i.e. Colocate).
+batch_size`` (exactly one batch per version when the bound is 0, i.e. Colocate). Which finished rollouts a
+step consumes is the workload's ``batch_rule`` (see :mod:`sapwood.scheduler.simulator.workload`); dropped
+stale rollouts raise the admission limit by one each, so a replacement is admitted.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ class ClusterSim:
         self.seed = seed
         self.bound = int(getattr(policy, "max_staleness", workload.max_staleness))
         self.env = simpy.Environment()
-        self.durations = workload.durations(seed)
+        dropping = workload.batch_rule == "first_finished" and workload.stale_rollouts == "drop"
+        self.pool = workload.rollouts * (4 if dropping else 1)
+        self.durations = workload.durations(seed, self.pool)
         ids = [f"cell-{i:02d}" for i in range(workload.cells)]
         initial = policy.initial_assignment(ids)
         tiers = ["satellite" if i >= workload.cells - workload.satellites else "core" for i in range(workload.cells)]
@@ -71,10 +75,12 @@ class ClusterSim:
         self.next_idx = 0
         self.running: dict[int, _Rollout] = {}
         self.paused: deque[_Rollout] = deque()
-        self.backlog: deque[_Rollout] = deque()
-        self.completions = np.zeros(workload.rollouts, dtype=np.int64)
-        self.trained = np.zeros(workload.rollouts, dtype=np.int64)
+        self.backlog: dict[int, _Rollout] = {}  # finished, not yet consumed; insertion = finishing order
+        self.completions = np.zeros(self.pool, dtype=np.int64)
+        self.trained = np.zeros(self.pool, dtype=np.int64)
         self.staleness: list[int] = []
+        self.weights: list[float] = []
+        self.dropped: list[int] = []  # staleness of each rollout dropped at consumption
         self.finished_at: deque[float] = deque()
         self.finished_durations: deque[float] = deque(maxlen=256)
         self.switch_log: list[Switch] = []
@@ -122,7 +128,8 @@ class ClusterSim:
         return self.active("rollout") * self.w.slots_per_cell
 
     def admit_limit(self) -> int:
-        return min((self.version + self.bound + 1) * self.w.batch_size, self.w.rollouts)
+        limit = (self.version + self.bound + 1) * self.w.batch_size + len(self.dropped)
+        return min(limit, self.w.rollouts + len(self.dropped), self.pool)
 
     def _fill(self) -> None:
         while len(self.running) < self.capacity():
@@ -158,7 +165,7 @@ class ClusterSim:
         self._account()
         del self.running[r.idx]
         self.completions[r.idx] += 1
-        self.backlog.append(r)
+        self.backlog[r.idx] = r
         self.finished_at.append(self.env.now)
         self.finished_durations.append(r.duration)
         self._fill()
@@ -168,13 +175,7 @@ class ClusterSim:
     def _trainer(self) -> Proc:
         w = self.w
         while self.version < w.steps:
-            while len(self.backlog) < w.batch_size:
-                yield self._changed
-            self._account()
-            for _ in range(w.batch_size):
-                r = self.backlog.popleft()
-                self.trained[r.idx] += 1
-                self.staleness.append(self.version - r.version)
+            yield from self._gather_batch()
             self.train_active, self.train_remaining = True, w.train_cell_s_per_step
             started = self.env.now
             self._notify()
@@ -195,6 +196,38 @@ class ClusterSim:
         self.wall_s = self.env.now
         self.done.succeed()
 
+    def _gather_batch(self) -> Proc:
+        """Consume one batch from the backlog by the workload's batch rule (waits until it is complete)."""
+        if self.w.batch_rule == "exact":
+            ids = range(self.version * self.w.batch_size, (self.version + 1) * self.w.batch_size)
+            while any(i not in self.backlog for i in ids):
+                yield self._changed
+            self._account()
+            for i in ids:
+                self._consume(self.backlog.pop(i), 1.0)
+            return
+        taken = 0
+        while taken < self.w.batch_size:
+            if not self.backlog:
+                if self.next_idx >= self.pool and not self.running and not self.paused:
+                    raise RuntimeError(f"simulator: rollout pool of {self.pool} exhausted by dropped stale rollouts")
+                yield self._changed
+                continue
+            self._account()
+            r = self.backlog.pop(next(iter(self.backlog)))
+            excess = self.version - r.version - self.bound
+            if excess > 0 and self.w.stale_rollouts == "drop":
+                self.dropped.append(self.version - r.version)
+                self._fill()
+                continue
+            self._consume(r, self.w.stale_weight**excess if excess > 0 else 1.0)
+            taken += 1
+
+    def _consume(self, r: _Rollout, weight: float) -> None:
+        self.trained[r.idx] += 1
+        self.staleness.append(self.version - r.version)
+        self.weights.append(weight)
+
     # ---- control ---------------------------------------------------------------------------------
     def signals(self) -> Signals:
         now, w = self.env.now, self.w
@@ -207,7 +240,7 @@ class ClusterSim:
         seen = len(self.finished_durations) >= w.batch_size
         p50 = float(np.median(self.finished_durations)) if seen else w.rollout_p50_s
         switch_mean = float(np.mean([s.duration_s for s in self.switch_log[-32:]])) if self.switch_log else 0.0
-        stale = [self.version - r.version for r in self.backlog]
+        stale = [self.version - r.version for r in self.backlog.values()]
         return Signals(
             at_s=now,
             cells=tuple(
@@ -289,6 +322,8 @@ class ClusterSim:
             completions=self.completions,
             trained=self.trained,
             timeline=self.timeline,
+            weights=self.weights,
+            dropped=self.dropped,
         )
 
 

@@ -43,6 +43,10 @@ class SimResult:
     trained: np.ndarray  # (rollouts,) int: how often each rollout was trained on
     #: (t, rollout, train, idle, switching) cell counts at every change
     timeline: list[tuple[float, int, int, int, int]] = field(default_factory=list)
+    #: training weight of each consumed rollout, in consumption order (1 unless discounted as stale)
+    weights: list[float] = field(default_factory=list)
+    #: staleness (versions) of each rollout dropped as too stale where a step consumed it
+    dropped: list[int] = field(default_factory=list)
 
     @property
     def switch_count(self) -> int:
@@ -73,4 +77,6 @@ class SimResult:
             "staleness_max": int(st.max()) if st.size else 0,
             "staleness_hist": self.staleness_histogram(),
             "decisions": self.decisions,
+            "dropped_stale": len(self.dropped),
+            "weight_mean": round(float(np.mean(self.weights)), 4) if self.weights else 1.0,
         }

@@ -58,11 +58,13 @@ def sweep(
     for v in values:
         w = transform(workload, v) if transform else workload.with_(**{field: v})
         e = simulate(w, "elastic", seed).wall_s
-        rows.append({
-            field: v,
-            "elastic_vs_colocate": round(simulate(w, "colocate", seed).wall_s / e, 4),
-            "elastic_vs_async": round(simulate(w, "async", seed).wall_s / e, 4),
-        })
+        rows.append(
+            {
+                field: v,
+                "elastic_vs_colocate": round(simulate(w, "colocate", seed).wall_s / e, 4),
+                "elastic_vs_async": round(simulate(w, "async", seed).wall_s / e, 4),
+            }
+        )
     return rows
 
 

@@ -6,6 +6,16 @@ lasts exactly the median). A rollout holds one of its cell's ``slots_per_cell`` 
 (agentic rollouts are bound by environment time and KV-cache memory, not by decode throughput).
 A training step costs ``train_cell_s_per_step`` cell-seconds, split evenly over the train cells
 (data-parallel, linear scaling; satellites join a step mid-way). A role switch takes ``switch_cost_s``.
+
+Batch rule (``batch_rule``), i.e. which finished rollouts a training step consumes:
+
+* ``exact`` (default): step ``v`` trains on exactly the rollouts admitted for it, indices
+  ``[v·batch_size, (v+1)·batch_size)``, and waits until all of them have finished. With admission control
+  this never trains a rollout more than ``max_staleness`` versions stale.
+* ``first_finished``: step ``v`` trains on the first ``batch_size`` rollouts to finish. The staleness bound is
+  enforced where the step consumes them: a rollout more than ``max_staleness`` versions stale is either
+  dropped (``stale_rollouts="drop"``: not trained, a replacement rollout is admitted) or kept with weight
+  ``stale_weight ** (staleness − max_staleness)`` (``stale_rollouts="discount"``).
 """
 
 from __future__ import annotations
@@ -34,11 +44,18 @@ class Workload:
     tick_s: float = 30.0
     max_staleness: int = 1
     satellites: int = 0
+    batch_rule: str = "exact"
+    stale_rollouts: str = "drop"
+    stale_weight: float = 0.5
 
     def __post_init__(self) -> None:
         positive = {
-            "cells": self.cells, "slots_per_cell": self.slots_per_cell, "batch_size": self.batch_size,
-            "steps": self.steps, "rollout_p50_s": self.rollout_p50_s, "tick_s": self.tick_s,
+            "cells": self.cells,
+            "slots_per_cell": self.slots_per_cell,
+            "batch_size": self.batch_size,
+            "steps": self.steps,
+            "rollout_p50_s": self.rollout_p50_s,
+            "tick_s": self.tick_s,
             "train_cell_s_per_step": self.train_cell_s_per_step,
         }
         bad = {k: v for k, v in positive.items() if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}
@@ -50,6 +67,12 @@ class Workload:
             raise ValueError(f"Workload.switch_cost_s must be ≥ 0, got {self.switch_cost_s}")
         if self.max_staleness < 0 or not 0 <= self.satellites <= self.cells:
             raise ValueError("Workload: max_staleness must be ≥ 0 and 0 ≤ satellites ≤ cells")
+        if self.batch_rule not in BATCH_RULES:
+            raise ValueError(f"Workload.batch_rule must be one of {BATCH_RULES}, got {self.batch_rule!r}")
+        if self.stale_rollouts not in STALE_RULES:
+            raise ValueError(f"Workload.stale_rollouts must be one of {STALE_RULES}, got {self.stale_rollouts!r}")
+        if not (math.isfinite(self.stale_weight) and 0.0 <= self.stale_weight <= 1.0):
+            raise ValueError(f"Workload.stale_weight must be in [0, 1], got {self.stale_weight}")
 
     @property
     def sigma(self) -> float:
@@ -60,12 +83,14 @@ class Workload:
         """Rollouts the run needs: one batch per step."""
         return self.steps * self.batch_size
 
-    def durations(self, seed: int) -> np.ndarray:
-        """``(rollouts,)`` float64 seconds; rollout i gets durations[i] under every policy (common random numbers)."""
+    def durations(self, seed: int, count: int | None = None) -> np.ndarray:
+        """``(count,)`` float64 seconds (default ``rollouts``); rollout i gets durations[i] under every policy
+        and every ``count`` (common random numbers: a longer draw extends a shorter one)."""
+        n = self.rollouts if count is None else count
         rng = np.random.default_rng(seed)
         if self.sigma == 0.0:
-            return np.full(self.rollouts, self.rollout_p50_s)
-        return self.rollout_p50_s * np.exp(self.sigma * rng.standard_normal(self.rollouts))
+            return np.full(n, self.rollout_p50_s)
+        return self.rollout_p50_s * np.exp(self.sigma * rng.standard_normal(n))
 
     def with_(self, **changes: object) -> Workload:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -73,6 +98,9 @@ class Workload:
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
+
+BATCH_RULES = ("exact", "first_finished")
+STALE_RULES = ("drop", "discount")
 
 HOUR = 3600.0
 
