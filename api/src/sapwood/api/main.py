@@ -26,7 +26,7 @@ from sapwood.api.middleware import (
     RelativeRedirectMiddleware,
 )
 from sapwood.api.queries.stats import LagReader
-from sapwood.api.routes import calls, executions, export, health, keys, nodes, runs, scheduler, stats
+from sapwood.api.routes import calls, executions, export, health, keys, nodes, prompts, runs, scheduler, stats
 from sapwood.api.tokenizer import load_tokenizer
 from sapwood.api.ui import mount_ui
 from sapwood.api.versions import VersionReader
@@ -95,7 +95,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
         app.add_middleware(CORSMiddleware, allow_origins=settings.api_cors_origins, allow_methods=["GET", "POST",
                            "DELETE"], allow_headers=["Authorization", "X-API-Key", "Content-Type"],
                            expose_headers=["ETag", "X-Sapwood-Verified"])
-    for module in (health, stats, runs, executions, nodes, calls, export, keys, scheduler):
+    for module in (health, stats, runs, prompts, executions, nodes, calls, export, keys, scheduler):
         app.include_router(module.router)
     mount_ui(app)
     _openapi_limits(app, settings)
