@@ -46,10 +46,17 @@ from rich.console import Console
 
 from pg_bench import drop_database, fresh_database, raw_copy, span_bytes
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import BINARY_HEADER, BINARY_TRAILER, SPANS_COPY, frame_span, open_copy, send
 from sapwood.platform.events import ModelCall
 from sapwood.platform.span_encoding import encode_span
 from sapwood.platform.spans import existing_digests
+from sapwood.platform.storage.postgres.bulkcopy import (
+    BINARY_HEADER,
+    BINARY_TRAILER,
+    SPANS_COPY,
+    frame_span,
+    open_copy,
+    send,
+)
 from sapwood.platform.storage.postgres.recorder import PostgresStoredState
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution

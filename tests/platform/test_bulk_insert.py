@@ -8,7 +8,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, frame_span, text_payload
+from sapwood.platform.storage.postgres.bulkcopy import COPY_MIN_ROWS, frame_span, text_payload
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import DIGEST_SIZE
 from tests.support.bulk_insert import bulk_insert

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from sapwood.api.versions import CHANNEL, TRIGGER
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS
 from sapwood.platform.events import PartialScore
+from sapwood.platform.storage.postgres.bulkcopy import COPY_MIN_ROWS
 from sapwood.platform.store import Store
 from tests.support.histories import small_execution
 

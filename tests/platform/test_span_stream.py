@@ -7,13 +7,13 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from sapwood.platform import apply as apply_module
 from sapwood.platform import schema as t
-from sapwood.platform import span_stream
 from sapwood.platform.errors import DigestMismatchError, StoreUnavailableError
 from sapwood.platform.events import ModelCall
-from sapwood.platform.span_stream import SpanStream
+from sapwood.platform.planner.batch import BatchPlanner
 from sapwood.platform.spans import load_spans
+from sapwood.platform.storage.postgres import span_stream
+from sapwood.platform.storage.postgres.span_stream import SpanStream
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from tests.support.histories import small_execution
@@ -129,9 +129,9 @@ def test_connection_killed_while_spans_stream(pg_url: str, tiny_flushes: None, m
     store = Store.open(pg_url)
     w = small_execution(34)
     planned = 0
-    original = apply_module._Plan.plan
+    original = BatchPlanner.plan
 
-    def plan_then_kill(self: apply_module._Plan, event: object) -> None:
+    def plan_then_kill(self: BatchPlanner, event: object) -> None:
         nonlocal planned
         original(self, event)  # type: ignore[arg-type]
         planned += 1
@@ -141,10 +141,10 @@ def test_connection_killed_while_spans_stream(pg_url: str, tiny_flushes: None, m
                                  autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", [pid])
 
-    monkeypatch.setattr(apply_module._Plan, "plan", plan_then_kill)
+    monkeypatch.setattr(BatchPlanner, "plan", plan_then_kill)
     before = _counts(store)
     with pytest.raises(StoreUnavailableError):
         store.apply(w.events)
-    monkeypatch.setattr(apply_module._Plan, "plan", original)
+    monkeypatch.setattr(BatchPlanner, "plan", original)
     assert _counts(store) == before
     assert len(store.apply(w.events).applied) == len(w.events)

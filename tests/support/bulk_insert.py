@@ -7,7 +7,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, send, text_payload
+from sapwood.platform.storage.postgres.bulkcopy import COPY_MIN_ROWS, send, text_payload
 
 
 def bulk_insert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:

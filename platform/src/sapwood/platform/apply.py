@@ -25,12 +25,8 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform.events import Event
 from sapwood.platform.phase_timer import PhaseTimer
-from sapwood.platform.planner.batch import BatchPlanner
 from sapwood.platform.planner.results import ApplyResult, ContextCache, Rejected
 from sapwood.platform.storage.recorders import event_recorder
-
-#: The batch planner under its former name (tests patch its ``plan`` to act between events).
-_Plan = BatchPlanner
 
 
 def apply_events(conn: Connection, events: Sequence[Event], *, cache: ContextCache | None = None,

@@ -51,8 +51,7 @@ def _json_number(value: Any) -> Any:
     return value
 
 
-#: An integer / a number as JSON Schema means it (what the OpenAPI schema promises clients).
-JsonInt = Annotated[int, BeforeValidator(_json_int)]
+#: A number as JSON Schema means it (what the OpenAPI schema promises clients).
 JsonNumber = Annotated[float, BeforeValidator(_json_number)]
 #: A non-negative int32 (policy versions, seeds, revisions) as a JSON integer.
 NonNegativeInt32 = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_json_int)]

@@ -3,8 +3,9 @@
 A span is a packed array (int32 token ids or float32 log-probs) stored once under the
 BLAKE2b-128 digest of its canonical bytes, whichever executions use it. Token spans are
 stored narrowed to the bits their largest id needs (:mod:`sapwood.platform.span_encoding`);
-readers always get the canonical little-endian bytes back. On PostgreSQL new spans
-go in through a binary ``COPY`` (:mod:`sapwood.platform.bulkcopy`); on SQLite through ``INSERT OR IGNORE``.
+readers always get the canonical little-endian bytes back. On PostgreSQL new spans go in
+through a binary ``COPY`` (:mod:`sapwood.platform.storage.postgres.bulkcopy`); on SQLite through
+``INSERT OR IGNORE``.
 Contexts are rebuilt from the tree by the tree reader (:mod:`sapwood.platform.storage.trees`).
 """
 

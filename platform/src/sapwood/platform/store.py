@@ -7,7 +7,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
@@ -25,7 +24,7 @@ from sapwood.platform.events import Event
 from sapwood.platform.json_values import load_json
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.projection import projection_hash, rebuild_projections
-from sapwood.platform.spans import call_input, load_spans, path_tokens
+from sapwood.platform.spans import call_input, load_spans
 from sapwood.platform.storage.calls import output_digests
 from sapwood.platform.storage.store_stats import finished_executions, store_counts
 from sapwood.platform.storage.transactions import transactions
@@ -176,11 +175,6 @@ class Store:
         with self.transaction() as conn:
             return projection_hash(conn)
 
-    def node_context(self, node_id: str) -> TokenArray:
-        """Tokens of the context ending with ``node_id`` (root → node)."""
-        with self.transaction() as conn:
-            return path_tokens(conn, node_id)
-
     def reconstruct_input(self, call_id: str) -> TokenArray:
         """The exact input ids of model call ``call_id``, rebuilt from the tree."""
         with self.transaction() as conn:
@@ -219,7 +213,3 @@ class Store:
         """How many executions of ``run_id`` have finished (status success, timeout or error)."""
         with self.transaction() as conn:
             return finished_executions(conn, run_id)
-
-    def token_array(self, digest: bytes) -> np.ndarray:
-        with self.transaction() as conn:
-            return unpack_tokens(load_spans(conn, [digest])[bytes(digest)])

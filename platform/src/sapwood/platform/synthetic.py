@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sapwood.platform.events import Event
 from sapwood.platform.writer import ExecutionWriter
 
 
@@ -99,13 +98,3 @@ def synthetic_execution(cfg: SynthConfig | None = None, *, run_id: str = "synthe
     else:
         w.finish(cfg.status, reward=float(rng.uniform(0, 1)))
     return w
-
-
-def synthetic_events(n_executions: int = 1, cfg: SynthConfig | None = None) -> list[Event]:
-    """Events of ``n_executions`` synthetic executions (seeds cfg.seed, cfg.seed+1, ...)."""
-    base = cfg or SynthConfig()
-    out: list[Event] = []
-    for i in range(n_executions):
-        c = SynthConfig(**{**base.__dict__, "seed": base.seed + i})
-        out.extend(synthetic_execution(c).events)
-    return out

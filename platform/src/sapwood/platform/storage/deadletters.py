@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
@@ -66,12 +65,4 @@ def insert_dead_letters(conn: Connection, letters: Iterable[DeadLetterRow]) -> i
     return len(rows)
 
 
-def count_dead_letters(conn: Connection, *, reason: str | None = None) -> int:
-    """Rows in ``dead_letters`` (``reason``: only those with this reason)."""
-    q = sa.select(sa.func.count()).select_from(t.dead_letters)
-    if reason is not None:
-        q = q.where(t.dead_letters.c.reason == reason)
-    return int(conn.execute(q).scalar_one())
-
-
-__all__ = ["DeadLetterRow", "count_dead_letters", "insert_dead_letters", "key_text"]
+__all__ = ["DeadLetterRow", "insert_dead_letters", "key_text"]

@@ -3,12 +3,12 @@
 * Reads: a batch's events and nodes are looked up with one ``uuid[]`` literal each (no bind per
   id); its executions are locked ``FOR UPDATE``, so concurrent writers of one execution serialise.
 * Spans: a binary ``COPY spans`` stays open on the batch's connection while its events are planned
-  (:class:`~sapwood.platform.span_stream.SpanStream`); each accepted event's new spans go out at
+  (:class:`~sapwood.platform.storage.postgres.span_stream.SpanStream`); each accepted event's new spans go out at
   once and the server stores them while Python plans the next events. A look-up the planner needs
   mid-batch ends the COPY first (:meth:`PostgresStoredState.db`); the next span opens another.
-* Rows: each table with at least :data:`~sapwood.platform.bulkcopy.COPY_MIN_ROWS` rows goes in
+* Rows: each table with at least :data:`~sapwood.platform.storage.postgres.bulkcopy.COPY_MIN_ROWS` rows goes in
   one text-format COPY, built while the server stores the previous one
-  (:func:`~sapwood.platform.bulkcopy.send_overlapped`); smaller ones in a multi-row ``INSERT``.
+  (:func:`~sapwood.platform.storage.postgres.bulkcopy.send_overlapped`); smaller ones in a multi-row ``INSERT``.
 
 Everything stays in the caller's transaction: a failing batch takes the streamed spans with it.
 """
@@ -22,11 +22,17 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.bulkcopy import COPY_MIN_ROWS, Payload, send_overlapped, spans_payload, text_payload
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.replays import Prior
-from sapwood.platform.span_stream import SpanStream
 from sapwood.platform.spans import uuid_in
+from sapwood.platform.storage.postgres.bulkcopy import (
+    COPY_MIN_ROWS,
+    Payload,
+    send_overlapped,
+    spans_payload,
+    text_payload,
+)
+from sapwood.platform.storage.postgres.span_stream import SpanStream
 from sapwood.platform.storage.postgres.spans import new_span_rows
 from sapwood.platform.storage.recorder import PlannedWrites, Row
 from sapwood.platform.storage.recorder_sql import (

@@ -1,6 +1,6 @@
 """PostgreSQL span look-ups (one ``bytea[]`` literal, no bind per digest) and plain inserts.
 
-The recorder's bulk path writes spans with a binary ``COPY`` (:mod:`sapwood.platform.bulkcopy`);
+The recorder's bulk path writes spans with a binary ``COPY`` (:mod:`sapwood.platform.storage.postgres.bulkcopy`);
 :func:`insert_span_rows` is for small writes (tests, migrations' checks).
 """
 

@@ -19,8 +19,15 @@ from typing import Any
 import numpy as np
 from sqlalchemy.engine import Connection
 
-from sapwood.platform.bulkcopy import BINARY_HEADER, BINARY_TRAILER, SPANS_COPY, abort_copy, frame_span, open_copy
 from sapwood.platform.span_encoding import encode_span
+from sapwood.platform.storage.postgres.bulkcopy import (
+    BINARY_HEADER,
+    BINARY_TRAILER,
+    SPANS_COPY,
+    abort_copy,
+    frame_span,
+    open_copy,
+)
 
 #: Bytes buffered before they go to the server: large enough that per-write driver overhead
 #: is small, small enough that the server starts storing early in the batch.
