@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sapwood.api import ApiSettings, create_app
-from sapwood.api.queries.export import ParquetExport
+from sapwood.api.queries.export import ExportRows, ParquetExport
 from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
@@ -50,7 +50,7 @@ def wide_sqlite(tmp_path: Path) -> Iterator[Store]:
     store.close()
 
 
-def _export_peak(store: Store, rows: str, memory_bytes: int) -> tuple[int, bytes]:
+def _export_peak(store: Store, rows: ExportRows, memory_bytes: int) -> tuple[int, bytes]:
     """(peak bytes: Python/numpy allocations + Arrow's pool, the file) of one export."""
     pool = pa.proxy_memory_pool(pa.system_memory_pool())
     previous = pa.default_memory_pool()
@@ -63,7 +63,7 @@ def _export_peak(store: Store, rows: str, memory_bytes: int) -> tuple[int, bytes
             store.engine,
             ExecutionFilter(),
             rows=rows,
-            limit=10,  # type: ignore[arg-type]
+            limit=10,
             memory_bytes=memory_bytes,
         ).open():
             size += len(chunk)
@@ -76,7 +76,7 @@ def _export_peak(store: Store, rows: str, memory_bytes: int) -> tuple[int, bytes
 
 
 @pytest.mark.parametrize("rows", ["trajectory", "node"])
-def test_a_wide_execution_exports_under_a_small_memory_bound(wide_sqlite: Store, rows: str) -> None:
+def test_a_wide_execution_exports_under_a_small_memory_bound(wide_sqlite: Store, rows: ExportRows) -> None:
     _export_peak(wide_sqlite, rows, BOUND)  # first use: imports and statement caches, not per request
     peak, data = _export_peak(wide_sqlite, rows, BOUND)
     assert peak < BOUND, f"export peak {peak / 2**20:.1f} MiB above the {BOUND / 2**20:.0f} MiB bound"
