@@ -9,10 +9,11 @@ log-probs are ``-0.25 * (k + 1)``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
@@ -31,6 +32,42 @@ def render_chat(messages: list[dict[str, Any]]) -> list[int]:
 def generate(prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float], str]:
     text = "".join(ALPHABET[(len(prompt_ids) + k) % 26] for k in range(max_tokens))
     return text_ids(text), [-0.25 * (k + 1) for k in range(max_tokens)], text
+
+
+def sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    """``chunks`` as server-sent events, then ``[DONE]``."""
+
+    async def events() -> Any:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def stream_chunks(answer: dict[str, Any], endpoint: str) -> list[dict[str, Any]]:
+    """A non-streamed stand-in answer cut into one chunk per token, as vLLM streams it."""
+    choice = answer["choices"][0]
+    ids, n = choice.get("token_ids"), len(choice.get("token_ids") or [1, 1])
+    first: dict[str, Any] = {"choices": []}
+    if endpoint == "chat" and "prompt_token_ids" in answer:
+        first["prompt_token_ids"] = answer["prompt_token_ids"]
+    elif "prompt_token_ids" in choice:
+        first["choices"] = [{"index": 0, "text": "", "prompt_token_ids": choice["prompt_token_ids"]}]
+    chunks = [first]
+    text = choice["text"] if endpoint == "completions" else choice["message"]["content"]
+    for k in range(len(text)):
+        c: dict[str, Any] = {"index": 0, "finish_reason": choice["finish_reason"] if k == n - 1 else None}
+        if endpoint == "completions":
+            c["text"] = text[k]
+            c["logprobs"] = choice["logprobs"] and {"token_logprobs": [choice["logprobs"]["token_logprobs"][k]]}
+        else:
+            c["delta"] = {"content": text[k]}
+            c["logprobs"] = choice["logprobs"] and {"content": [choice["logprobs"]["content"][k]]}
+        if ids is not None:
+            c["token_ids"] = [ids[k]]
+        chunks.append({"choices": [c]})
+    return chunks
 
 
 def stub_app(*, malformed: bool = False) -> FastAPI:
@@ -56,15 +93,14 @@ def stub_app(*, malformed: bool = False) -> FastAPI:
         if body.get("return_token_ids") and not malformed:
             choice["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = out
-        return JSONResponse(
-            {
-                "id": "cmpl-1",
-                "object": "text_completion",
-                "model": body.get("model", "tiny"),
-                "choices": [choice],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out)},
-            }
-        )
+        answer = {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": body.get("model", "tiny"),
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out)},
+        }
+        return sse(stream_chunks(answer, "completions")) if body.get("stream") else JSONResponse(answer)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
@@ -91,7 +127,7 @@ def stub_app(*, malformed: bool = False) -> FastAPI:
         if body.get("return_token_ids") and not malformed:
             answer["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = out
-        return JSONResponse(answer)
+        return sse(stream_chunks(answer, "chat")) if body.get("stream") else JSONResponse(answer)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
