@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from sapwood.gateway.streaming import StreamGather
 from sapwood.platform.schema import executions
 from sapwood.platform.store import Store
 from sapwood.rollout.transports import InProcessTransport
+from tests.support.live_server import serve_in_thread
 from tests.support.stub_upstream import generate, render_chat, stream_chunks, stub_app, text_ids
 
 
@@ -225,3 +227,32 @@ def test_stream_that_ends_early_records_what_arrived_as_abort(rig: Rig) -> None:
         "abort",
     )
     assert gather.answer(aborted=False)["choices"][0]["finish_reason"] is None
+
+
+def test_client_that_disconnects_mid_stream_records_the_partial_output_as_abort(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
+    transport = InProcessTransport(store, batch_size=1)
+    with serve_in_thread(stub_app(hang_after=3)) as upstream_url:
+        app = create_app(GatewayConfig(upstreams=[upstream_url], run_id="gw-test"), transport)
+        with serve_in_thread(app) as url:
+            body = {"prompt": [5, 6, 7], "max_tokens": 4, "stream": True}
+            with httpx.stream("POST", f"{url}/s/gone/v1/completions", json=body, timeout=30) as r:
+                data: list[str] = []
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        data.append(line)
+                    if len(data) == 3:  # the prompt chunk + two tokens; the upstream then stalls
+                        break
+            calls = app.state.gateway.calls
+            deadline = time.monotonic() + 30
+            while calls.labels("completions", "aborted")._value.get() < 1:
+                assert time.monotonic() < deadline, "the aborted stream was never recorded"
+                time.sleep(0.01)
+    with store.transaction() as conn:
+        call_id, reason = conn.exec_driver_sql("SELECT call_id, finish_reason FROM calls").one()
+    assert reason == "abort"
+    out, lps, _ = generate([5, 6, 7], 4)
+    ids, logprobs = store.call_output(call_id)
+    assert ids.tolist() == out[:2] and logprobs.tolist() == lps[:2]
+    transport.close()
+    store.close()

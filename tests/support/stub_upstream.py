@@ -9,6 +9,7 @@ log-probs are ``-0.25 * (k + 1)``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -34,11 +35,14 @@ def generate(prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[fl
     return text_ids(text), [-0.25 * (k + 1) for k in range(max_tokens)], text
 
 
-def sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
-    """``chunks`` as server-sent events, then ``[DONE]``."""
+def sse(chunks: list[dict[str, Any]], hang_after: int | None = None) -> StreamingResponse:
+    """``chunks`` as server-sent events, then ``[DONE]``; ``hang_after``: stop sending after that many
+    chunks and wait forever (a client that gives up mid-stream)."""
 
     async def events() -> Any:
-        for chunk in chunks:
+        for k, chunk in enumerate(chunks):
+            if k == hang_after:
+                await asyncio.Event().wait()
             yield f"data: {json.dumps(chunk)}\n\n"
         yield "data: [DONE]\n\n"
 
@@ -70,8 +74,9 @@ def stream_chunks(answer: dict[str, Any], endpoint: str) -> list[dict[str, Any]]
     return chunks
 
 
-def stub_app(*, malformed: bool = False) -> FastAPI:
-    """The stand-in; ``malformed=True`` answers without token ids (an upstream that ignores the request)."""
+def stub_app(*, malformed: bool = False, hang_after: int | None = None) -> FastAPI:
+    """The stand-in; ``malformed=True`` answers without token ids (an upstream that ignores the request);
+    ``hang_after``: streams stall after that many chunks."""
     app = FastAPI()
     app.state.requests = []
 
@@ -100,7 +105,7 @@ def stub_app(*, malformed: bool = False) -> FastAPI:
             "choices": [choice],
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out)},
         }
-        return sse(stream_chunks(answer, "completions")) if body.get("stream") else JSONResponse(answer)
+        return sse(stream_chunks(answer, "completions"), hang_after) if body.get("stream") else JSONResponse(answer)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
@@ -127,7 +132,7 @@ def stub_app(*, malformed: bool = False) -> FastAPI:
         if body.get("return_token_ids") and not malformed:
             answer["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = out
-        return sse(stream_chunks(answer, "chat")) if body.get("stream") else JSONResponse(answer)
+        return sse(stream_chunks(answer, "chat"), hang_after) if body.get("stream") else JSONResponse(answer)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
