@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
@@ -81,7 +81,7 @@ def stub_app(*, malformed: bool = False, hang_after: int | None = None) -> FastA
     app.state.requests = []
 
     @app.post("/v1/completions")
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         body = await request.json()
         app.state.requests.append(body)
         prompt = body["prompt"]
@@ -108,7 +108,7 @@ def stub_app(*, malformed: bool = False, hang_after: int | None = None) -> FastA
         return sse(stream_chunks(answer, "completions"), hang_after) if body.get("stream") else JSONResponse(answer)
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
+    async def chat(request: Request) -> Response:
         body = await request.json()
         app.state.requests.append(body)
         prompt_ids = render_chat(body["messages"])
