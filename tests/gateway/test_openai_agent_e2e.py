@@ -117,3 +117,30 @@ def test_chat_through_the_gateway_records_vllms_rendered_prompt(gateway: tuple[s
     assert a["verified"]
     assert a["input"]["token_ids"].tolist() == direct["prompt_token_ids"]
     assert a["output"]["token_ids"].tolist() == direct["choices"][0]["token_ids"]
+
+
+def test_streamed_chat_is_recorded_like_the_unstreamed_answer(gateway: tuple[str, Store], vllm_url: str) -> None:
+    url, store = gateway
+    client = openai.OpenAI(base_url=f"{url}/s/stream-1/v1", api_key="unused", max_retries=0, timeout=600)
+    msgs = [{"role": "user", "content": "a stream"}]
+    pieces = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(model="tiny", messages=msgs, stream=True, **SAMPLING)
+        if c.choices
+    ]
+    direct = (
+        httpx.post(
+            f"{vllm_url}/v1/chat/completions",
+            timeout=600,
+            json={"model": "tiny", "messages": msgs, "return_token_ids": True, **SAMPLING},
+        )
+        .raise_for_status()
+        .json()
+    )
+    assert "".join(pieces) == direct["choices"][0]["message"]["content"]
+    with store.transaction() as conn:
+        call_id = conn.exec_driver_sql("SELECT call_id FROM calls").scalar_one()
+        a = audit(conn, call_id, tokenizer=None)
+    assert a["verified"]
+    assert a["input"]["token_ids"].tolist() == direct["prompt_token_ids"]
+    assert a["output"]["token_ids"].tolist() == direct["choices"][0]["token_ids"]

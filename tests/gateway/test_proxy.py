@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -13,10 +16,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from sapwood.gateway.app import GatewayConfig, create_app, pick_upstream
+from sapwood.gateway.openai_format import recorded_choices
+from sapwood.gateway.streaming import StreamGather
 from sapwood.platform.schema import executions
 from sapwood.platform.store import Store
 from sapwood.rollout.transports import InProcessTransport
-from tests.support.stub_upstream import generate, render_chat, stub_app, text_ids
+from tests.support.live_server import serve_in_thread
+from tests.support.stub_upstream import generate, render_chat, stream_chunks, stub_app, text_ids
 
 
 @dataclass
@@ -156,3 +162,97 @@ def test_config_rejects_missing_or_bad_upstreams() -> None:
     with pytest.raises(ValueError, match="http:// or https://"):
         GatewayConfig(upstreams=["localhost:8000"])
     assert GatewayConfig(upstreams=["http://h:1/v1/"]).upstreams == ["http://h:1"]
+
+
+def _sse_chunks(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and "[DONE]" not in line]
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_streamed_call_passes_chunks_through_stripped_and_is_recorded_at_the_end(rig: Rig, endpoint: str) -> None:
+    if endpoint == "completions":
+        path, body = "/s/st/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3, "stream": True}
+        prompt = [5, 6, 7]
+    else:
+        msgs = [{"role": "user", "content": "go"}]
+        path, body = "/s/st/v1/chat/completions", {"messages": msgs, "max_tokens": 3, "stream": True}
+        prompt = render_chat(msgs)
+    with rig.client.stream("POST", path, json=body) as r:
+        text = "".join(r.iter_text())
+        assert r.status_code == 200, text
+    chunks = _sse_chunks(text)
+    assert len(chunks) == 4 and text.rstrip().endswith("data: [DONE]")
+    assert all("token_ids" not in c and "prompt_token_ids" not in c for ch in chunks for c in ch["choices"])
+    assert all(c.get("logprobs") is None for ch in chunks for c in ch["choices"])
+    assert "prompt_token_ids" not in chunks[0]
+    out, lps, _ = generate(prompt, 3)
+    with rig.store.transaction() as conn:
+        call_id, reason = conn.exec_driver_sql("SELECT call_id, finish_reason FROM calls").one()
+    assert reason == "length"
+    assert rig.store.reconstruct_input(call_id).tolist() == prompt
+    ids, logprobs = rig.store.call_output(call_id)
+    assert ids.tolist() == out and logprobs.tolist() == lps
+
+
+def test_stream_that_ends_early_records_what_arrived_as_abort(rig: Rig) -> None:
+    """The gathered stream of an upstream cut after two tokens (no finish reason, no [DONE])."""
+    gather = StreamGather("completions")
+    chunks = _sse_chunks(
+        "\n".join(
+            f"data: {json.dumps(c)}"
+            for c in stream_chunks(
+                {
+                    "choices": [
+                        {
+                            "text": "abc",
+                            "finish_reason": "length",
+                            "prompt_token_ids": [5, 6],
+                            "token_ids": [1, 2, 3],
+                            "logprobs": {"token_logprobs": [-1.0, -2.0, -3.0]},
+                        }
+                    ]
+                },
+                "completions",
+            )
+        )
+    )
+    for chunk in chunks[:3]:
+        gather.feed(chunk)
+    answer = gather.answer(aborted=True)
+    (choice,) = recorded_choices("completions", answer)
+    assert (choice.prompt_ids, choice.output_ids, choice.logprobs, choice.finish_reason) == (
+        [5, 6],
+        [1, 2],
+        [-1.0, -2.0],
+        "abort",
+    )
+    assert gather.answer(aborted=False)["choices"][0]["finish_reason"] is None
+
+
+def test_client_that_disconnects_mid_stream_records_the_partial_output_as_abort(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
+    transport = InProcessTransport(store, batch_size=1)
+    with serve_in_thread(stub_app(hang_after=3)) as upstream_url:
+        app = create_app(GatewayConfig(upstreams=[upstream_url], run_id="gw-test"), transport)
+        with serve_in_thread(app) as url:
+            body = {"prompt": [5, 6, 7], "max_tokens": 4, "stream": True}
+            with httpx.stream("POST", f"{url}/s/gone/v1/completions", json=body, timeout=30) as r:
+                data: list[str] = []
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        data.append(line)
+                    if len(data) == 3:  # the prompt chunk + two tokens; the upstream then stalls
+                        break
+            calls = app.state.gateway.calls
+            deadline = time.monotonic() + 30
+            while calls.labels("completions", "aborted")._value.get() < 1:
+                assert time.monotonic() < deadline, "the aborted stream was never recorded"
+                time.sleep(0.01)
+    with store.transaction() as conn:
+        call_id, reason = conn.exec_driver_sql("SELECT call_id, finish_reason FROM calls").one()
+    assert reason == "abort"
+    out, lps, _ = generate([5, 6, 7], 4)
+    ids, logprobs = store.call_output(call_id)
+    assert ids.tolist() == out[:2] and logprobs.tolist() == lps[:2]
+    transport.close()
+    store.close()

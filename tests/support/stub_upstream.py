@@ -9,10 +9,12 @@ log-probs are ``-0.25 * (k + 1)``.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
@@ -33,13 +35,53 @@ def generate(prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[fl
     return text_ids(text), [-0.25 * (k + 1) for k in range(max_tokens)], text
 
 
-def stub_app(*, malformed: bool = False) -> FastAPI:
-    """The stand-in; ``malformed=True`` answers without token ids (an upstream that ignores the request)."""
+def sse(chunks: list[dict[str, Any]], hang_after: int | None = None) -> StreamingResponse:
+    """``chunks`` as server-sent events, then ``[DONE]``; ``hang_after``: stop sending after that many
+    chunks and wait forever (a client that gives up mid-stream)."""
+
+    async def events() -> Any:
+        for k, chunk in enumerate(chunks):
+            if k == hang_after:
+                await asyncio.Event().wait()
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def stream_chunks(answer: dict[str, Any], endpoint: str) -> list[dict[str, Any]]:
+    """A non-streamed stand-in answer cut into one chunk per token, as vLLM streams it."""
+    choice = answer["choices"][0]
+    ids, n = choice.get("token_ids"), len(choice.get("token_ids") or [1, 1])
+    first: dict[str, Any] = {"choices": []}
+    if endpoint == "chat" and "prompt_token_ids" in answer:
+        first["prompt_token_ids"] = answer["prompt_token_ids"]
+    elif "prompt_token_ids" in choice:
+        first["choices"] = [{"index": 0, "text": "", "prompt_token_ids": choice["prompt_token_ids"]}]
+    chunks = [first]
+    text = choice["text"] if endpoint == "completions" else choice["message"]["content"]
+    for k in range(len(text)):
+        c: dict[str, Any] = {"index": 0, "finish_reason": choice["finish_reason"] if k == n - 1 else None}
+        if endpoint == "completions":
+            c["text"] = text[k]
+            c["logprobs"] = choice["logprobs"] and {"token_logprobs": [choice["logprobs"]["token_logprobs"][k]]}
+        else:
+            c["delta"] = {"content": text[k]}
+            c["logprobs"] = choice["logprobs"] and {"content": [choice["logprobs"]["content"][k]]}
+        if ids is not None:
+            c["token_ids"] = [ids[k]]
+        chunks.append({"choices": [c]})
+    return chunks
+
+
+def stub_app(*, malformed: bool = False, hang_after: int | None = None) -> FastAPI:
+    """The stand-in; ``malformed=True`` answers without token ids (an upstream that ignores the request);
+    ``hang_after``: streams stall after that many chunks."""
     app = FastAPI()
     app.state.requests = []
 
     @app.post("/v1/completions")
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         body = await request.json()
         app.state.requests.append(body)
         prompt = body["prompt"]
@@ -56,18 +98,17 @@ def stub_app(*, malformed: bool = False) -> FastAPI:
         if body.get("return_token_ids") and not malformed:
             choice["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = out
-        return JSONResponse(
-            {
-                "id": "cmpl-1",
-                "object": "text_completion",
-                "model": body.get("model", "tiny"),
-                "choices": [choice],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out)},
-            }
-        )
+        answer = {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": body.get("model", "tiny"),
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out)},
+        }
+        return sse(stream_chunks(answer, "completions"), hang_after) if body.get("stream") else JSONResponse(answer)
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
+    async def chat(request: Request) -> Response:
         body = await request.json()
         app.state.requests.append(body)
         prompt_ids = render_chat(body["messages"])
@@ -91,7 +132,7 @@ def stub_app(*, malformed: bool = False) -> FastAPI:
         if body.get("return_token_ids") and not malformed:
             answer["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = out
-        return JSONResponse(answer)
+        return sse(stream_chunks(answer, "chat"), hang_after) if body.get("stream") else JSONResponse(answer)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from sapwood.gateway.openai_format import (
@@ -30,6 +31,7 @@ from sapwood.gateway.openai_format import (
     upstream_request,
 )
 from sapwood.gateway.sessions import Session, SessionError, SessionRef, SessionTable, resolve
+from sapwood.gateway.streaming import StreamGather, parse_sse_data
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
 from sapwood.rollout.transports import Transport
 
@@ -187,12 +189,10 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             up_body = upstream_request(endpoint, body)
         except ValueError as exc:
             return _error(400, f"request body must be a JSON object: {exc}", "invalid_request_error")
-        if body.get("stream"):
-            return _error(
-                400, "streaming is not supported by this gateway yet; send stream=false", "invalid_request_error"
-            )
         path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
         url = pick_upstream(config.upstreams, ref.session_id) + path
+        if body.get("stream"):
+            return await _stream(ref, endpoint, body, up_body, url)
         try:
             upstream = await http.post(url, json=up_body)
         except httpx.HTTPError as exc:
@@ -216,6 +216,50 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             "X-Sapwood-Call-Id": ",".join(c for _, c in kinds),
         }
         return JSONResponse(client_answer(endpoint, body, answer), headers=headers)
+
+    def _record_gathered(ref: SessionRef, endpoint: Endpoint, gather: StreamGather, aborted: bool) -> None:
+        try:
+            gw.record(ref, endpoint, gather.answer(aborted=aborted))
+        except MalformedAnswerError:
+            gw.calls.labels(endpoint, "malformed").inc()
+        else:
+            gw.calls.labels(endpoint, "aborted" if aborted else "recorded").inc()
+
+    async def _stream(
+        ref: SessionRef, endpoint: Endpoint, body: dict[str, Any], up_body: dict[str, Any], url: str
+    ) -> Response:
+        try:
+            upstream = await http.send(http.build_request("POST", url, json=up_body), stream=True)
+        except httpx.HTTPError as exc:
+            gw.calls.labels(endpoint, "upstream_error").inc()
+            return _error(502, f"upstream {url} unreachable: {exc}", "upstream_error")
+        if upstream.status_code != 200:
+            content = await upstream.aread()
+            await upstream.aclose()
+            gw.calls.labels(endpoint, "upstream_status").inc()
+            return Response(content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
+        gather = StreamGather(endpoint)
+
+        async def relay() -> AsyncIterator[str]:
+            complete = False
+            try:
+                async for line in upstream.aiter_lines():
+                    chunk = parse_sse_data(line)
+                    if chunk is None:
+                        complete = complete or line.strip() == "data: [DONE]"
+                        yield line + "\n"
+                        continue
+                    gather.feed(chunk)
+                    yield "data: " + json.dumps(client_answer(endpoint, body, chunk)) + "\n"
+                complete = True
+            finally:
+                await upstream.aclose()
+                if complete:
+                    await asyncio.to_thread(_record_gathered, ref, endpoint, gather, False)
+                else:  # client gone or upstream died: record what arrived, as finish reason "abort"
+                    _record_gathered(ref, endpoint, gather, True)
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
 
     async def completions(request: Request) -> Response:
         return await _proxy(request, "completions")
