@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,7 @@ from sapwood.scheduler.simulator.cluster import ClusterSim, make_policy
 from sapwood.scheduler.simulator.results import SimResult
 from sapwood.scheduler.simulator.workload import SMALL, Workload
 
-# 2 cells (Async: one rolls out, one trains), 4 slots, batch 2, bound 1, 1-second steps, free switches.
+# 2 cells (Async: one rolls out, one trains), 4 slots, batch 2, bound 1, 1-second steps, free switches, no timeout.
 TINY = Workload(
     cells=2,
     slots_per_cell=4,
@@ -21,6 +23,7 @@ TINY = Workload(
     switch_cost_s=0.0,
     tick_s=1.0,
     max_staleness=1,
+    timeout_factor=math.inf,  # the 10-second straggler below must not be cut
 )
 
 
