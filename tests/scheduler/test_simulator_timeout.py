@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
-from sapwood.scheduler.simulator.cluster import ClusterSim, make_policy
-from sapwood.scheduler.simulator.results import SimResult
 from sapwood.scheduler.simulator.workload import Workload
+from tests.support.simulator import run_with_durations
 
 # 1-second median rollouts, timeout 3 s; 2 cells (Async: one rolls out, one trains); batch 2.
 TINY = Workload(
@@ -27,24 +25,17 @@ TINY = Workload(
 )
 
 
-def _run(w: Workload, durations: list[float]) -> SimResult:
-    sim = ClusterSim(w, make_policy("async", w), seed=0)
-    sim.durations = np.ones(sim.pool)
-    sim.durations[: len(durations)] = durations
-    return sim.run()
-
-
 def test_a_rollout_exactly_at_the_timeout_is_not_cut_and_one_past_it_is_partial_scored() -> None:
-    r = _run(TINY, [3.0, 6.0])
+    r = run_with_durations(TINY, [3.0, 6.0])
     assert TINY.rollout_timeout_s == 3.0
     assert r.timed_out == {1: 0.5}  # rollout 0 ends exactly at the timeout: complete, not cut
     assert r.trained[1] == 1  # a cut rollout is still trained on (partial score)
     # step 0 starts when both are done (t = 3), not when rollout 1 would have finished (t = 6)
-    assert r.wall_s < _run(TINY.with_(timeout_factor=math.inf), [3.0, 6.0]).wall_s
+    assert r.wall_s < run_with_durations(TINY.with_(timeout_factor=math.inf), [3.0, 6.0]).wall_s
 
 
 def test_no_timeout_leaves_long_rollouts_whole() -> None:
-    r = _run(TINY.with_(timeout_factor=math.inf), [3.0, 60.0])
+    r = run_with_durations(TINY.with_(timeout_factor=math.inf), [3.0, 60.0])
     assert r.timed_out == {}
     assert r.wall_s >= 60.0
 
