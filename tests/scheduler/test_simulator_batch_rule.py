@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import pytest
 
 from sapwood.scheduler.simulator.cluster import ClusterSim, make_policy
-from sapwood.scheduler.simulator.results import SimResult
 from sapwood.scheduler.simulator.workload import SMALL, Workload
+from tests.support.simulator import run_with_durations
 
-# 2 cells (Async: one rolls out, one trains), 4 slots, batch 2, bound 1, 1-second steps, free switches.
+# 2 cells (Async: one rolls out, one trains), 4 slots, batch 2, bound 1, 1-second steps, free switches, no timeout.
 TINY = Workload(
     cells=2,
     slots_per_cell=4,
@@ -21,15 +22,8 @@ TINY = Workload(
     switch_cost_s=0.0,
     tick_s=1.0,
     max_staleness=1,
+    timeout_factor=math.inf,  # the 10-second straggler below must not be cut
 )
-
-
-def _run(w: Workload, durations: list[float]) -> SimResult:
-    """Async on ``w`` with the first rollouts' durations set by hand (the rest last 1 s)."""
-    sim = ClusterSim(w, make_policy("async", w), seed=0)
-    sim.durations = np.ones(sim.pool)
-    sim.durations[: len(durations)] = durations
-    return sim.run()
 
 
 # Rollout 2 (admitted at version 0) is consumed by step 1: staleness 1 = the bound. Rollout 3 (version 0)
@@ -38,7 +32,7 @@ BOUNDARY = [1.0, 1.0, 1.0, 10.0]
 
 
 def test_first_finished_keeps_a_rollout_exactly_at_the_bound_and_drops_one_past_it() -> None:
-    r = _run(TINY.with_(batch_rule="first_finished", stale_rollouts="drop"), BOUNDARY)
+    r = run_with_durations(TINY.with_(batch_rule="first_finished", stale_rollouts="drop"), BOUNDARY)
     assert r.steps == 3
     assert r.staleness[2] == 1  # rollout 2 at the bound: trained, full weight
     assert r.weights[2] == 1.0
@@ -48,7 +42,9 @@ def test_first_finished_keeps_a_rollout_exactly_at_the_bound_and_drops_one_past_
 
 
 def test_first_finished_discount_weights_a_rollout_past_the_bound() -> None:
-    r = _run(TINY.with_(batch_rule="first_finished", stale_rollouts="discount", stale_weight=0.25), BOUNDARY)
+    r = run_with_durations(
+        TINY.with_(batch_rule="first_finished", stale_rollouts="discount", stale_weight=0.25), BOUNDARY
+    )
     assert r.dropped == []
     assert r.trained[3] == 1
     by_staleness = dict(zip(r.staleness, r.weights, strict=True))
@@ -57,7 +53,7 @@ def test_first_finished_discount_weights_a_rollout_past_the_bound() -> None:
 
 
 def test_exact_batch_waits_for_its_own_rollouts() -> None:
-    r = _run(TINY.with_(batch_rule="exact"), BOUNDARY)
+    r = run_with_durations(TINY.with_(batch_rule="exact"), BOUNDARY)
     assert r.dropped == []
     assert list(r.trained[: TINY.rollouts]) == [1] * TINY.rollouts
     assert max(r.staleness) == 1  # rollout 3 is trained by step 1, exactly at the bound

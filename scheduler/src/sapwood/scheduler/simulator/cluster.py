@@ -80,6 +80,7 @@ class ClusterSim:
         self.trained = np.zeros(self.pool, dtype=np.int64)
         self.staleness: list[int] = []
         self.weights: list[float] = []
+        self.timed_out: dict[int, float] = {}  # rollout index -> partial score (fraction of its work done)
         self.dropped: list[int] = []  # staleness of each rollout dropped at consumption
         self.finished_at: deque[float] = deque()
         self.finished_durations: deque[float] = deque(maxlen=256)
@@ -136,7 +137,10 @@ class ClusterSim:
             if self.paused:
                 r = self.paused.popleft()
             elif self.next_idx < self.admit_limit():
-                d = float(self.durations[self.next_idx])
+                full = float(self.durations[self.next_idx])
+                d = min(full, self.w.rollout_timeout_s)
+                if d < full:
+                    self.timed_out[self.next_idx] = d / full
                 r = _Rollout(self.next_idx, d, d, self.version, self.env.now)
                 self.next_idx += 1
             else:
@@ -324,6 +328,7 @@ class ClusterSim:
             timeline=self.timeline,
             weights=self.weights,
             dropped=self.dropped,
+            timed_out=self.timed_out,
         )
 
 

@@ -47,6 +47,8 @@ class SimResult:
     weights: list[float] = field(default_factory=list)
     #: staleness (versions) of each rollout dropped as too stale where a step consumed it
     dropped: list[int] = field(default_factory=list)
+    #: rollout index -> partial score (fraction of its work done) for every rollout cut by the timeout
+    timed_out: dict[int, float] = field(default_factory=dict)
 
     @property
     def switch_count(self) -> int:
@@ -78,5 +80,6 @@ class SimResult:
             "staleness_hist": self.staleness_histogram(),
             "decisions": self.decisions,
             "dropped_stale": len(self.dropped),
+            "timed_out": len(self.timed_out),
             "weight_mean": round(float(np.mean(self.weights)), 4) if self.weights else 1.0,
         }

@@ -7,6 +7,10 @@ lasts exactly the median). A rollout holds one of its cell's ``slots_per_cell`` 
 A training step costs ``train_cell_s_per_step`` cell-seconds, split evenly over the train cells
 (data-parallel, linear scaling; satellites join a step mid-way). A role switch takes ``switch_cost_s``.
 
+Rollout timeout: a rollout that has run ``timeout_factor × rollout_p50_s`` seconds (its own running time;
+pauses by a shrinking pool do not count) is cut there and partial-scored (its credit is the fraction of its
+work done, ``timeout / duration``). ``timeout_factor = inf`` disables the timeout.
+
 Batch rule (``batch_rule``), i.e. which finished rollouts a training step consumes:
 
 * ``exact`` (default): step ``v`` trains on exactly the rollouts admitted for it, indices
@@ -47,6 +51,7 @@ class Workload:
     batch_rule: str = "exact"
     stale_rollouts: str = "drop"
     stale_weight: float = 0.5
+    timeout_factor: float = 3.0
 
     def __post_init__(self) -> None:
         positive = {
@@ -71,12 +76,19 @@ class Workload:
             raise ValueError(f"Workload.batch_rule must be one of {BATCH_RULES}, got {self.batch_rule!r}")
         if self.stale_rollouts not in STALE_RULES:
             raise ValueError(f"Workload.stale_rollouts must be one of {STALE_RULES}, got {self.stale_rollouts!r}")
+        if not (self.timeout_factor > 0 and not math.isnan(self.timeout_factor)):
+            raise ValueError(f"Workload.timeout_factor must be > 0 (inf: no timeout), got {self.timeout_factor}")
         if not (math.isfinite(self.stale_weight) and 0.0 <= self.stale_weight <= 1.0):
             raise ValueError(f"Workload.stale_weight must be in [0, 1], got {self.stale_weight}")
 
     @property
     def sigma(self) -> float:
         return math.log(self.tail_ratio) / Z99
+
+    @property
+    def rollout_timeout_s(self) -> float:
+        """Seconds of running time after which a rollout is cut and partial-scored (inf: never)."""
+        return self.timeout_factor * self.rollout_p50_s
 
     @property
     def rollouts(self) -> int:
