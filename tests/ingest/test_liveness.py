@@ -139,7 +139,7 @@ def test_a_stuck_main_loop_flips_healthz_and_the_watchdog_exits_with_its_status(
         wait_until(lambda: (tmp_path / "stuck").exists(), 90, "the main loop to reach the injected wedge")
         seen = wait_until(lambda: (h := _health(port)) is not None and h[0] == 503 and h, 10, "/healthz to answer 503")
         assert seen[1]["status"] == "unhealthy"
-        assert any("main loop: no step" in r for r in seen[1]["reasons"])  # type: ignore[union-attr]
+        assert any("main loop: no step" in r for r in seen[1]["reasons"])
         assert proc.wait(30) == EXIT_WEDGED, (tmp_path / "ingest.log").read_text()
         assert "watchdog: the ingest main loop took no step" in (tmp_path / "ingest.log").read_text()
     finally:
@@ -168,3 +168,38 @@ def test_sigterm_during_a_stuck_batch_ends_the_process_within_the_bound(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_sensor_feeds_progress_to_healthz_and_the_seconds_since_progress_gauge() -> None:
+    from sapwood.ingest.metrics import IngestSensor
+    from sapwood.ingest.source import TopicPartition
+
+    clock = FakeClock()
+    live = Liveness(3.0, clock=clock)
+    sensor = IngestSensor(liveness=live)
+    tp = TopicPartition("t", 4)
+    sensor.report_lag({tp: 10}, lambda tps: {tp: 15}, force=True)
+    port = free_port()
+    sensor.serve(port, "127.0.0.1")
+    try:
+        clock.now += 4.0
+        live.beat()
+        sensor.report_lag({tp: 10}, lambda tps: {tp: 15}, force=True)  # lag 5, offset unmoved
+        status, body = _health(port) or (0, {})
+        assert status == 503
+        assert body["reasons"] == ["partition 4: lag 5, no progress for 4.0 s (bound 3.0 s)"]
+        gauge = sensor.metrics.registry.get_sample_value(
+            "sapwood_ingest_seconds_since_progress", {"topic": "t", "partition": "4"}
+        )
+        assert gauge == 4.0
+        sensor.report_lag({tp: 12}, lambda tps: {tp: 15}, force=True)  # the offset moved
+        assert _health(port) == (200, {"status": "ok", "reasons": []})
+        sensor.partition_revoked("t", 4)
+        assert (
+            sensor.metrics.registry.get_sample_value(
+                "sapwood_ingest_seconds_since_progress", {"topic": "t", "partition": "4"}
+            )
+            is None
+        )
+    finally:
+        sensor.close()

@@ -8,6 +8,7 @@ happened (a batch committed, a retry, a rebalance, a lag reading) and never touc
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -159,7 +160,7 @@ class IngestSensor:
             self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
             if tp.partition not in self.liveness.partitions():
                 self.metrics.since_progress.labels(tp.topic, str(tp.partition)).set_function(
-                    lambda p=tp.partition: self.liveness.seconds_since_progress(p))
+                    functools.partial(self.liveness.seconds_since_progress, tp.partition))
             self.liveness.observe(tp.partition, position, lag)
 
     def serve(self, port: int, addr: str) -> None:
