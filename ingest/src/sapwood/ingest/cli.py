@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from typing import Annotated, Any
 
@@ -30,22 +29,35 @@ def ingest(
              "at once), 'none' joins dynamically (a stopped member's partitions move at once)")] = "auto",
     application_name: Annotated[str, typer.Option(help="PostgreSQL application_name")] = "sapwood-ingest",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+    stall_after_s: Annotated[float | None, typer.Option(
+        help="/healthz answers 503 when a partition with lag > 0 made no progress for this many seconds")] = None,
+    watchdog_s: Annotated[float | None, typer.Option(
+        help="exit with status 70 when the main loop took no step for this many seconds")] = None,
+    stop_timeout_s: Annotated[float | None, typer.Option(
+        help="exit with status 71 when SIGTERM has not ended the process within this many seconds")] = None,
 ) -> None:
     """Consume TITO events from Kafka into the store, exactly once (offsets live in the store)."""
-    # Handle SIGTERM from the first moment: a stop requested during start-up is honoured
-    # as soon as the service exists (exit 0), instead of the default abrupt termination.
+    # Handle SIGTERM from the first moment, before any thread starts (they inherit the blocked mask):
+    # a stop requested during start-up is honoured as soon as the service exists (exit 0), and a stop
+    # that does not end the process within its bound exits with EXIT_STOP_TIMEOUT.
+    from sapwood.ingest.config import IngestConfig
+    from sapwood.ingest.liveness import Watchdog, install_stop_signals
+
     stop_requested = threading.Event()
     services: list[Any] = []
 
-    def _stop(signum: int, _frame: Any) -> None:
+    def _stop(signum: int) -> None:
         logging.getLogger(__name__).info("signal %d: finishing the current batch", signum)
         stop_requested.set()
         for svc in services:
             svc.stop()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    from sapwood.ingest.service import IngestConfig, IngestService
+    bound = stop_timeout_s if stop_timeout_s is not None else IngestConfig.stop_timeout_s
+    try:
+        install_stop_signals(_stop, bound)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    from sapwood.ingest.service import IngestService
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
@@ -54,11 +66,14 @@ def ingest(
             database_url=database_url, bootstrap=bootstrap, topic=topic, group=group, batch_size=batch_size,
             metrics_port=metrics_port, dead_letter_topic=dead_letter_topic, max_event_bytes=max_event_bytes,
             partitions=partitions, instance_id=instance_id, application_name=application_name,
-            metrics_addr=metrics_addr, max_batch_bytes=max_batch_bytes,
+            metrics_addr=metrics_addr, max_batch_bytes=max_batch_bytes, stall_after_s=stall_after_s,
+            watchdog_s=watchdog_s, stop_timeout_s=bound,
         )
+        service = IngestService(config)
+        watchdog = Watchdog(service.liveness, config.watchdog_s)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    service = IngestService(config)
+    watchdog.start()
     services.append(service)
     if stop_requested.is_set():
         service.stop()

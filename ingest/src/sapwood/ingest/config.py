@@ -52,6 +52,13 @@ class IngestConfig:
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
     """Interface of the ``/metrics`` server (loopback unless configured, e.g. ``0.0.0.0``)."""
+    stall_after_s: float = 60.0
+    """``/healthz`` answers 503 when a partition with lag > 0 made no progress, or the main loop took no
+    step, for this many seconds."""
+    watchdog_s: float = 300.0
+    """The CLI's watchdog exits the process (status 70) when the main loop took no step for this long."""
+    stop_timeout_s: float = 30.0
+    """The CLI exits (status 71) if SIGTERM/SIGINT has not ended the process within this many seconds."""
     commit_to_kafka: bool = True
     """Also commit offsets to Kafka after the database commit (for lag tooling)."""
     migrate: bool = True

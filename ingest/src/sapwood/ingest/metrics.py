@@ -8,15 +8,17 @@ happened (a batch committed, a retry, a rebalance, a lag reading) and never touc
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sapwood.ingest.deadletters import DeadLetter
+from sapwood.ingest.liveness import Liveness, serve_health
 from sapwood.platform.apply import ApplyResult
 
 log = logging.getLogger(__name__)
@@ -41,15 +43,20 @@ class IngestMetrics:
                                   registry=r)
         self.lag = Gauge("sapwood_ingest_lag", "Log-end offset minus stored offset", ["topic", "partition"],
                          registry=r)
+        self.since_progress = Gauge(
+            "sapwood_ingest_seconds_since_progress",
+            "Seconds since the partition's stored offset last moved (or it had nothing left to read)",
+            ["topic", "partition"], registry=r)
         self.apply_seconds = Histogram(
             "sapwood_ingest_apply_seconds", "Seconds per ingest transaction (decode, apply, offsets, commit)",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r,
         )
         self._server: Any = None
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Expose ``/metrics`` on ``addr:port`` (loopback by default; ``0.0.0.0`` for every interface)."""
-        self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1", liveness: Liveness | None = None) -> None:
+        """Expose ``/metrics`` and ``/healthz`` on ``addr:port`` (loopback by default; ``0.0.0.0`` for every
+        interface); ``/healthz`` answers from ``liveness`` (a fresh one when None)."""
+        self._server = serve_health(port, addr, self.registry, liveness or Liveness())
 
     def close(self) -> None:
         if self._server is not None:
@@ -79,8 +86,10 @@ class IngestStats:
 class IngestSensor:
     """Totals, lag and Prometheus metrics of one service, updated together."""
 
-    def __init__(self, metrics: IngestMetrics | None = None, *, lag_interval_s: float = 2.0) -> None:
+    def __init__(self, metrics: IngestMetrics | None = None, *, lag_interval_s: float = 2.0,
+                 liveness: Liveness | None = None) -> None:
         self.metrics = metrics or IngestMetrics()
+        self.liveness = liveness or Liveness()
         self.stats = IngestStats()
         #: Last measured lag per partition (log-end offset − stored offset), in records.
         self.lag: dict[int, int] = {}
@@ -124,8 +133,10 @@ class IngestSensor:
 
     def partition_revoked(self, topic: str, partition: int) -> None:
         self.lag.pop(partition, None)
-        with contextlib.suppress(KeyError):
-            self.metrics.lag.remove(topic, str(partition))
+        self.liveness.forget(partition)
+        for gauge in (self.metrics.lag, self.metrics.since_progress):
+            with contextlib.suppress(KeyError):
+                gauge.remove(topic, str(partition))
 
     def report_lag(self, positions: Mapping[Any, int | None], end_offsets: Callable[[list[Any]], Mapping[Any, int]],
                    *, force: bool = False) -> None:
@@ -143,12 +154,17 @@ class IngestSensor:
             log.debug("lag not measured: %s", exc)
             return
         for tp, end in ends.items():
-            lag = max(0, int(end) - (positions.get(tp) or 0))
+            position = positions.get(tp) or 0
+            lag = max(0, int(end) - position)
             self.lag[tp.partition] = lag
             self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
+            if tp.partition not in self.liveness.partitions():
+                self.metrics.since_progress.labels(tp.topic, str(tp.partition)).set_function(
+                    functools.partial(self.liveness.seconds_since_progress, tp.partition))
+            self.liveness.observe(tp.partition, position, lag)
 
     def serve(self, port: int, addr: str) -> None:
-        self.metrics.serve(port, addr)
+        self.metrics.serve(port, addr, self.liveness)
 
     def close(self) -> None:
         self.metrics.close()

@@ -40,6 +40,7 @@ from sapwood.ingest.classifier import DeadLetterClassifier, Verdict, connection_
 from sapwood.ingest.committer import NOT_ASSIGNED, OffsetCommitter
 from sapwood.ingest.config import IngestConfig, with_connection_params
 from sapwood.ingest.deadletters import DeadLetterPublisher, log_dead_letters, write_dead_letters
+from sapwood.ingest.liveness import Liveness
 from sapwood.ingest.membership import InstanceLock, resolve_instance_id
 from sapwood.ingest.metrics import IngestMetrics, IngestSensor, IngestStats
 from sapwood.ingest.record_decoder import SkippedRecord, decode_records
@@ -60,7 +61,8 @@ class IngestService:
         if config.batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {config.batch_size}")
         self.config = config
-        self.sensor = IngestSensor(metrics, lag_interval_s=config.lag_interval_s)
+        self.liveness = Liveness(config.stall_after_s)
+        self.sensor = IngestSensor(metrics, lag_interval_s=config.lag_interval_s, liveness=self.liveness)
         self.client_id = f"sapwood-ingest-{socket.gethostname()}-{os.getpid()}"
         self.source = KafkaSource(config, self.client_id, on_assigned=self._assign, on_revoked=self._revoke)
         self.committer = OffsetCommitter(config.group, config.topic, self.source,
@@ -207,6 +209,7 @@ class IngestService:
     # -- the loop -----------------------------------------------------------------------------------
     def step(self) -> int:
         """Poll once and apply what came; returns the records handled."""
+        self.liveness.beat()
         self.source.settle_group(self._stop.is_set)
         if self.committer.unsynced:
             self._resync_pending()
