@@ -13,10 +13,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from sapwood.platform import schema as t
+from sapwood.platform.storage.learner_reads import rollout_lengths
 
 
 def ks_distance(a: Sequence[float], b: Sequence[float]) -> float:
@@ -49,21 +48,6 @@ def permutation_ks(a: Sequence[float], b: Sequence[float], *, rounds: int = 2000
         if ks_distance(pooled[: len(a)], pooled[len(a) :]) >= observed - 1e-12:
             at_least += 1
     return observed, (at_least + 1) / (rounds + 1)
-
-
-def rollout_lengths(conn: Connection, execution_ids: Sequence[str]) -> dict[str, int]:
-    """Model calls per execution (0 for one without calls), by execution id."""
-    c = t.calls.c
-    out = {e: 0 for e in execution_ids}
-    ids = list(execution_ids)
-    for start in range(0, len(ids), 500):
-        rows = conn.execute(
-            sa.select(c.execution_id, sa.func.count())
-            .where(c.execution_id.in_(ids[start : start + 500]))
-            .group_by(c.execution_id)
-        )
-        out.update({str(e): int(n) for e, n in rows})
-    return out
 
 
 def length_bias(conn: Connection, attempts: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:
