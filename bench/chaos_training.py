@@ -14,14 +14,18 @@ and restarts every process that dies; each fault point of the learner and the wo
 is armed on two (re)starts, so those processes kill themselves there.
 
 Afterwards, from the store alone: every sample has exactly one finished attempt (abandoned attempts are
-re-issued, kept, never queued for training), and the exactly-once audit of the training run
+re-issued, kept, never queued for training); the rollout lengths (model calls) of re-issued samples' finished
+executions against the others' (KS distance, permutation p-value: ``sapwood.learner.length_bias``); and the
+exactly-once audit of the training run
 (:func:`sapwood.learner.audit.audit_training`): 0 skipped, 0 duplicated, contiguous versions, every
 published checkpoint loads with its digest, trainer step counts consistent. Recovery per kill: seconds from
 the death until that kind of process makes progress again (a sample done / a version published).
 
 Not covered here: Kafka transport + ingest (workers write to the store directly; ingest's kill -9
 campaign is ``bench/chaos.py``), the live scheduler and the elastic runtime, and the reward comparison
-with a no-fault run. The last stdout line is one JSON object.
+with a no-fault run. Each attempt's length is drawn afresh (``prompt_worker.attempt_length``), so the
+length check detects a queue that favours short rollouts on re-issue, not the (expected) fact that long
+attempts are killed more often. The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from sapwood.learner.audit import audit_training
+from sapwood.learner.length_bias import length_bias
 from sapwood.platform import runs
 from sapwood.platform.prompts import PromptRow, add_prompts, prompt_progress
 from sapwood.platform.storage.learner_reads import policy_history, run_item_states
@@ -187,6 +192,7 @@ def run_campaign(url: str, *, prompts: int = 200, samples: int = 2, workers: int
         attempts = prompt_queue(conn).attempts(conn, run_id)
         progress = prompt_progress(conn, run_id)
         queued = run_item_states(conn, run_id)
+        lengths = length_bias(conn, attempts, seed=seed)
     finished_by_sample = Counter(a["sample_id"] for a in attempts if a["state"] == "finished")
     all_samples = {f"{i}:0:{s}" for i in range(prompts) for s in range(samples)}
     abandoned = {a["execution_id"] for a in attempts if a["state"] == "abandoned"}
@@ -214,6 +220,7 @@ def run_campaign(url: str, *, prompts: int = 200, samples: int = 2, workers: int
         "untrained": len(audit.skipped), "trained_twice": len(audit.duplicated), "versions": len(audit.versions),
         "version_gaps": len(audit.gaps), "bad_checkpoints": len(audit.bad_checkpoints),
         "step_mismatches": len(audit.step_mismatches), "audit_ok": audit.ok, "recovery": recovery,
+        "length_bias": lengths,
         "out": str(out),
     }
 

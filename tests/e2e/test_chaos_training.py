@@ -43,3 +43,6 @@ def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(p
     assert figures["step_mismatches"] == 0, figures
     assert figures["audit_ok"], figures
     assert figures["versions"] >= 10
+    bias = figures["length_bias"]  # re-issued samples' rollout lengths vs the others': no bias (1-in-1000 false alarm)
+    assert bias["reissued"] >= 1, figures
+    assert bias["p_value"] > 0.001, bias

@@ -1,7 +1,8 @@
 """A synthetic rollout worker over a run's prompt queue, runnable as a process (the crash tests and the
 training chaos campaign start it, with ``SAPWOOD_FAULT`` to crash it at a fault point): claims samples until
-none is available for ``IDLE_S``, records ``CALLS`` model calls per sample with tokens derived from the
-sample id, finishes each with a 0/1 reward. Events go straight to the store (one transaction per event).
+none is available for ``IDLE_S``, records 1 to 2 × ``CALLS`` model calls per attempt (drawn from the sample id
+and attempt number, so a re-issued sample's length is a fresh draw) with tokens derived from the sample id,
+finishes each with a 0/1 reward. Events go straight to the store (one transaction per event).
 
     python -m sapwood.rollout.prompt_worker DATABASE_URL RUN WORKER LEASE_S CALLS IDLE_S [CALL_S]
 
@@ -26,6 +27,11 @@ def tokens(sample_id: str, step: int, n: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 500, n, dtype=np.int32)
 
 
+def attempt_length(sample_id: str, attempt: int, calls: int) -> int:
+    """Model calls of one attempt: 1 … 2 × ``calls`` (mean ≈ ``calls``), fixed by sample id and attempt."""
+    return 1 + int(tokens(f"{sample_id}#{attempt}", 98, 1)[0]) % (2 * calls)
+
+
 def work(url: str, run_id: str, worker: str, *, lease_s: float, calls: int, idle_s: float,
          call_s: float = 0.0) -> int:
     """Roll out samples until none arrives for ``idle_s``; returns how many this worker finished."""
@@ -44,7 +50,7 @@ def work(url: str, run_id: str, worker: str, *, lease_s: float, calls: int, idle
             with lease.keep_alive():
                 ex = lease.start()
                 ex.prompt(tokens(lease.sample.sample_id, -1, 8))
-                for step in range(calls):
+                for step in range(attempt_length(lease.sample.sample_id, lease.sample.attempt, calls)):
                     time.sleep(call_s)  # the engine's generation time (simulated)
                     out = tokens(lease.sample.sample_id, step, 4)
                     ex.call(ex.context(), out, np.full(len(out), -1.0, dtype=np.float32))

@@ -51,3 +51,18 @@ def largest_vocab_size(conn: Connection) -> int | None:
     """The largest ``vocab_size`` any recorded execution declared, None if none declared one."""
     value = conn.execute(sa.select(sa.func.max(t.executions.c.vocab_size))).scalar()
     return None if value is None else int(value)
+
+
+def rollout_lengths(conn: Connection, execution_ids: list[str]) -> dict[str, int]:
+    """Model calls per execution (0 for one without calls), by execution id."""
+    c = t.calls.c
+    out = {e: 0 for e in execution_ids}
+    ids = list(execution_ids)
+    for start in range(0, len(ids), 500):
+        rows = conn.execute(
+            sa.select(c.execution_id, sa.func.count())
+            .where(c.execution_id.in_(ids[start : start + 500]))
+            .group_by(c.execution_id)
+        )
+        out.update({str(e): int(n) for e, n in rows})
+    return out
