@@ -282,7 +282,6 @@ def test_the_tree_of_a_three_segment_execution_with_forks(page: Page, served: Se
     detail = served.api(f"/v1/nodes/{first['node_id']}?limit=48")
     page.wait_for_function("([id, t]) => document.querySelector(`#tree [data-node='${id}'] .txt`).textContent === t",
                            arg=[first["node_id"], detail["text"]])
-    shot(page, "tree-tall")
     # a collapsed chain expands into one box per node, and collapses back
     chain = page.locator("#tree .node.chain").first
     key, count = chain.get_attribute("data-node"), int(chain.get_attribute("data-count") or 0)
