@@ -270,7 +270,7 @@ def test_the_tree_of_a_three_segment_execution_with_forks(page: Page, served: Se
     segment_roots = [n for n in tree["nodes"] if n["parent_id"] is None and n["prev_segment_node"]]
     assert page.locator("#tree .node.segment-root").count() == len(segment_roots) >= 2
     # one dashed edge per compaction, from the summary's box to the segment root's
-    assert page.get_attribute("#tree .segment-edge", "d").count("M") == len(segment_roots)
+    assert (page.get_attribute("#tree .segment-edge", "d") or "").count("M") == len(segment_roots)
     assert page.locator("#tree .flag.fork").count() == len(tree["fork_points"])
     assert page.locator("#tree .flag.summary").count() == sum(n["role"] == "summary" for n in tree["nodes"])
     leaves = page.locator("#tree .flag.leaf")
@@ -282,7 +282,6 @@ def test_the_tree_of_a_three_segment_execution_with_forks(page: Page, served: Se
     detail = served.api(f"/v1/nodes/{first['node_id']}?limit=48")
     page.wait_for_function("([id, t]) => document.querySelector(`#tree [data-node='${id}'] .txt`).textContent === t",
                            arg=[first["node_id"], detail["text"]])
-    shot(page, "tree-tall")
     # a collapsed chain expands into one box per node, and collapses back
     chain = page.locator("#tree .node.chain").first
     key, count = chain.get_attribute("data-node"), int(chain.get_attribute("data-count") or 0)
@@ -309,7 +308,12 @@ def test_a_16k_node_tree_draws_in_under_a_second(page: Page, served: Served) -> 
     goto(page, served, f"#/execution/{eid}")
     page.wait_for_selector("#tree[data-ready]")
     render_ms = page.evaluate("performance.getEntriesByName('sapwood:tree-render')[0].duration")
-    print(f"16K-node tree: {render_ms:.0f} ms from parsed response to first draw, {len(starts)} boxes")
+    page.wait_for_function("performance.getEntriesByName('sapwood:tree-painted').length > 0")
+    marks = page.evaluate("Object.fromEntries(['data', 'laid-out', 'drawn', 'painted'].map(m => [m, "
+                          "performance.getEntriesByName('sapwood:tree-' + m)[0].startTime]))")
+    print(f"16K-node tree: {render_ms:.0f} ms from parsed response to the viewport drawn ({len(starts)} boxes; "
+          f"layout {marks['laid-out'] - marks['data']:.0f} ms); the page's next frame "
+          f"{marks['painted'] - marks['data']:.0f} ms after the response")
     assert render_ms < 1000
     assert page.get_attribute("#tree", "data-nodes") == str(BIG_NODES)
     assert page.get_attribute("#tree", "data-groups") == str(len(starts))
@@ -340,13 +344,15 @@ def test_bidi_controls_are_shown_escaped_in_logical_order(page: Page, served: Se
     assert controls == 0
     # "live" is laid out left to right as stored: each letter right of the one before
     lefts = page.evaluate("""() => {
-      const t = [...document.querySelector('#node-text').childNodes].find(n => n.nodeType === 3 && n.data.startsWith('live'));
+      const t = [...document.querySelector('#node-text').childNodes]
+        .find(n => n.nodeType === 3 && n.data.startsWith('live'));
       return [0, 1, 2, 3].map(i => { const r = document.createRange(); r.setStart(t, i); r.setEnd(t, i + 1);
         return r.getBoundingClientRect().left; }); }""")
     assert lefts == sorted(lefts) and len(set(lefts)) == 4
     goto(page, served, f"#/execution/{w.execution_id}")
-    page.wait_for_function("id => document.querySelector(`#tree [data-node='${id}'] .txt`).textContent.includes('live')",
-                           arg=root["node_id"])
+    page.wait_for_function(
+        "id => document.querySelector(`#tree [data-node='${id}'] .txt`).textContent.includes('live')",
+        arg=root["node_id"])
     assert page.text_content(f"#tree [data-node='{root['node_id']}'] .txt") == escaped
     call = calls_of(w)[0].event_id
     goto(page, served, f"#/call/{call}")
@@ -363,13 +369,14 @@ def test_clicking_a_call_shows_the_context_the_audit_verified(page: Page, served
     start = node
     while start["node_id"] not in starts:  # the collapsed chain holding the node
         start = by_id[start["parent_id"]]
-    page.set_viewport_size({"width": 1400, "height": 6000})
+    page.set_viewport_size({"width": 8000, "height": 6000})  # an expanded chain is wide
     login(page, served)
     page.wait_for_selector("text=rollout-a")
     goto(page, served, f"#/execution/{w.execution_id}")
-    if start is not node:
+    if page.get_attribute(f"#tree [data-node='{start['node_id']}']", "data-count") != "1":
         page.click(f"#tree [data-node='{start['node_id']}'] .chain-toggle")  # expand: one box per node
     page.click(f"#tree [data-node='{node['node_id']}'] a.call")
+    page.set_viewport_size({"width": 1280, "height": 900})
     page.wait_for_selector("#browser-check code", timeout=60_000)
     assert page.text_content("#recorded-digest") == audit["input"]["recorded_digest"]
     assert page.text_content("#computed-digest") == audit["input"]["computed_digest"]

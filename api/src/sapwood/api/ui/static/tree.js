@@ -1,11 +1,12 @@
 // The execution tree, drawn: single-child chains collapsed into one box (expandable), laid out with the
 // vendored d3-hierarchy (vendor/d3-hierarchy.min.js, ISC licence), and virtualised: only the boxes and
 // edges inside the scrolled viewport are in the DOM, so a 16K-node tree draws in well under a second.
-// Sets performance marks "sapwood:tree-data" (response parsed) and "sapwood:tree-drawn" (first full draw
-// of the viewport) and the measure "sapwood:tree-render" between them.
+// Sets performance marks "sapwood:tree-data" (response parsed), "sapwood:tree-laid-out", "sapwood:tree-drawn"
+// (the viewport's boxes and edges built), "sapwood:tree-painted" (the page's next frame, which includes the
+// rest of the page) and the measure "sapwood:tree-render" from data to drawn.
 "use strict";
 
-const TREE_BOX_W = 250, TREE_BOX_H = 46, TREE_GAP_X = 40, TREE_GAP_Y = 10, TREE_OVERSCAN = 200;
+const TREE_BOX_W = 290, TREE_BOX_H = 46, TREE_GAP_X = 40, TREE_GAP_Y = 10, TREE_OVERSCAN = 200;
 
 /** Groups of nodes: a run of single children in one segment becomes one group; forks, leaves and segment
  * boundaries end a run. `expanded` holds group keys (first node ids) drawn node by node. */
@@ -111,7 +112,7 @@ function renderTreeView(tree, opts) {
         segment: String(first.segment) },
       style: { top: `${d.top}px`, left: `${d.left}px`, width: `${TREE_BOX_W}px`, height: `${TREE_BOX_H}px` },
     },
-    el("div", { class: "line" }, el("span", { class: `role ${last.role}` }, last.role), head,
+    el("div", { class: "line", title: `${last.role}, segment ${first.segment}` }, head,
       link(`#/node/${first.node_id}`, short(first.node_id), "mono"),
       el("span", { class: "len" }, `${tokens} tok`),
       last.call_id ? link(`#/call/${last.call_id}`, "call", "call") : null, flags),
@@ -132,8 +133,10 @@ function renderTreeView(tree, opts) {
 
   function draw() {
     pending = false;
-    const top = box.scrollTop - TREE_OVERSCAN, bottom = box.scrollTop + (box.clientHeight || 600) + TREE_OVERSCAN;
-    const left = box.scrollLeft - TREE_OVERSCAN, right = box.scrollLeft + (box.clientWidth || 1200) + TREE_OVERSCAN;
+    // before the box is in the page (first draw) its size is that of its CSS: 70% of the window's height
+    const height = box.clientHeight || window.innerHeight * 0.7, width = box.clientWidth || window.innerWidth;
+    const top = box.scrollTop - TREE_OVERSCAN, bottom = box.scrollTop + height + TREE_OVERSCAN;
+    const left = box.scrollLeft - TREE_OVERSCAN, right = box.scrollLeft + width + TREE_OVERSCAN;
     const visible = [];
     for (let i = firstAtOrBelow(laid, top - TREE_BOX_H); i < laid.length && laid[i].top <= bottom; i++) {
       const d = laid[i];
@@ -165,12 +168,15 @@ function renderTreeView(tree, opts) {
       performance.mark("sapwood:tree-drawn");
       performance.measure("sapwood:tree-render", "sapwood:tree-data", "sapwood:tree-drawn");
       box.dataset.ready = "1";
+      requestAnimationFrame(() => performance.mark("sapwood:tree-painted")); // the page's next frame
     }
   }
   function schedule() { if (!pending) { pending = true; requestAnimationFrame(draw); } }
   function redraw() { layout(); draw(); }
 
   layout();
+  performance.mark("sapwood:tree-laid-out");
+  draw(); // the viewport's boxes are in the DOM before the page attaches the view
   box.addEventListener("scroll", schedule, { passive: true });
   new ResizeObserver(() => { if (box.isConnected) draw(); }).observe(box);
   return box;
