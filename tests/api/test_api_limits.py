@@ -10,7 +10,8 @@ import pytest
 
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.errors import MAX_ERROR_DETAILS
-from sapwood.platform.store import Store, make_engine
+from sapwood.platform.storage.engines import make_engine
+from sapwood.platform.store import Store
 from tests.support.api_client import make_client, make_keys
 from tests.support.live_server import serve_in_thread
 

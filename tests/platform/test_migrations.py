@@ -13,7 +13,7 @@ from sapwood.platform import schema as t
 from sapwood.platform.events import ModelCall
 from sapwood.platform.projection import projection_hash
 from sapwood.platform.span_encoding import ENC_RAW
-from sapwood.platform.spans import insert_span_rows, new_span_rows
+from sapwood.platform.storage.spans import insert_span_rows, new_span_rows
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from tests.support.histories import small_execution

@@ -11,9 +11,9 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import DigestMismatchError, StoreUnavailableError
 from sapwood.platform.events import ModelCall
 from sapwood.platform.planner.batch import BatchPlanner
-from sapwood.platform.spans import load_spans
 from sapwood.platform.storage.postgres import span_stream
 from sapwood.platform.storage.postgres.span_stream import SpanStream
+from sapwood.platform.storage.spans import load_spans
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from tests.support.histories import small_execution

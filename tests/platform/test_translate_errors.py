@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy.exc as sa_exc
 
 from sapwood.platform.errors import ConflictError, StoreError, StoreUnavailableError
-from sapwood.platform.store import translate_errors
+from sapwood.platform.storage.errors import translate_errors
 
 
 @pytest.mark.parametrize(

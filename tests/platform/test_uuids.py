@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sapwood.platform.uuids import canonical_uuid, uuid_array_literal
+from sapwood.platform.storage.postgres.uuids import uuid_array_literal
+from sapwood.platform.uuids import canonical_uuid
 
 
 @given(st.uuids())

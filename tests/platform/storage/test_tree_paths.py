@@ -13,8 +13,8 @@ from sqlalchemy.engine import Connection
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.events import ModelCall, SegmentBoundary
-from sapwood.platform.spans import call_input, path_tokens
 from sapwood.platform.storage.postgres.trees import PostgresTreeReader, lateral_step
+from sapwood.platform.storage.spans import call_input, path_tokens
 from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader, join_step
 from sapwood.platform.storage.trees_sql import SqlTreeReader, Step, path_cte
 from sapwood.platform.storage.trees_sql import across_segments as _across_segments

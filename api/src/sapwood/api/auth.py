@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from sapwood.api.errors import AuthenticationError, PermissionDeniedError
 from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
 from sapwood.platform.storage.api_keys import api_key_store
-from sapwood.platform.store import translate_errors
+from sapwood.platform.storage.errors import translate_errors
 
 SCOPES = ("read", "write", "admin")
 _KEY_ID_RE = re.compile(r"^[0-9a-f]{16}$")

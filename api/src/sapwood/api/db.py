@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from sapwood.api.config import ApiSettings
-from sapwood.platform.store import Store, make_engine
+from sapwood.platform.storage.engines import make_engine
+from sapwood.platform.store import Store
 
 
 def open_store(settings: ApiSettings) -> Store:
@@ -12,7 +13,7 @@ def open_store(settings: ApiSettings) -> Store:
     The pool keeps ``api_db_pool_size`` connections (PostgreSQL; SQLite has none to keep): with
     SQLAlchemy's default (5 kept + 10 overflow, overflow closed on return) a worker answering more
     than 5 requests at once forks a new PostgreSQL backend per request, which dominated tail latency
-    under load. The connection options are those of :func:`sapwood.platform.store.make_engine`.
+    under load. The connection options are those of :func:`sapwood.platform.storage.engines.make_engine`.
     """
     engine = make_engine(settings.database_url, statement_timeout_ms=settings.statement_timeout_ms,
                          pool_size=settings.api_db_pool_size, max_overflow=settings.api_db_max_overflow,

@@ -26,8 +26,9 @@ from sapwood.api.versions import VersionReader
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.events.base import ExecutionStatus
 from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.storage.errors import translate_errors
 from sapwood.platform.storage.transactions import Transactions, transactions
-from sapwood.platform.store import Store, translate_errors
+from sapwood.platform.store import Store
 
 
 @dataclass

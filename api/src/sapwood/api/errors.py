@@ -29,7 +29,7 @@ from sapwood.platform.errors import (
     UnknownParentError,
     ValidationError,
 )
-from sapwood.platform.store import translate_errors
+from sapwood.platform.storage.errors import from_driver, translate_errors
 
 log = logging.getLogger("sapwood.api")
 
@@ -80,12 +80,6 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 DRIVER_CONFLICT = ("the request conflicts with a concurrent write (an id or revision was taken meanwhile); "
                    "read the current state and retry")
-
-
-def from_driver(exc: BaseException) -> bool:
-    """Whether ``exc`` was translated from a database driver's error (its text is not for clients)."""
-    cause = exc.__cause__
-    return isinstance(cause, sa_exc.SQLAlchemyError) or type(cause).__module__.startswith("psycopg")
 
 
 def sapwood_error_response(exc: SapwoodError) -> JSONResponse:

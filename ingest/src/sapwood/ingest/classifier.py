@@ -1,7 +1,7 @@
 """The dead-letter classifier: is a failed batch or record worth retrying, or is it dead-lettered?
 
 It asks the platform, never the driver: every error (and every error it was raised from) is first put
-through :func:`sapwood.platform.store.translate_errors`, the one place that maps SQLAlchemy and psycopg
+through :func:`sapwood.platform.storage.errors.translate_errors`, the one place that maps SQLAlchemy and psycopg
 errors onto :mod:`sapwood.platform.errors`. Then:
 
 - a :class:`~sapwood.platform.errors.StoreUnavailableError` anywhere in the chain → :attr:`Verdict.RECONNECT`
@@ -19,7 +19,7 @@ import enum
 from collections.abc import Iterator
 
 from sapwood.platform.errors import SapwoodError, StoreUnavailableError, ValidationError
-from sapwood.platform.store import translate_errors
+from sapwood.platform.storage.errors import translate_errors
 
 
 class Verdict(enum.Enum):

@@ -48,7 +48,8 @@ from sapwood.ingest.source import KafkaSource, TopicPartition, quiet_socket_tear
 from sapwood.ingest.topics import ensure_topics
 from sapwood.platform.apply import ApplyResult, apply_events
 from sapwood.platform.faults import fault_point
-from sapwood.platform.store import Store, make_engine
+from sapwood.platform.storage.engines import make_engine
+from sapwood.platform.store import Store
 
 log = logging.getLogger(__name__)
 

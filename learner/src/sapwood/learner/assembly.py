@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 
 from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import SourceConfig, check_jmax
-from sapwood.platform.spans import load_spans
+from sapwood.platform.storage.spans import load_spans
 from sapwood.platform.storage.trees import BatchNode, BatchRows, tree_reader
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE

@@ -10,9 +10,9 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform.apply import apply_events
 from sapwood.platform.events import EVENT_TYPES, Event, build_event
-from sapwood.platform.spans import load_spans
 from sapwood.platform.storage.event_log import clear_projections, event_row_chunks
 from sapwood.platform.storage.event_log import projection_hash as projection_hash  # re-exported
+from sapwood.platform.storage.spans import load_spans
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
 
 

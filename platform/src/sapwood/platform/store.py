@@ -1,4 +1,4 @@
-"""The store: one SQLAlchemy engine (SQLite embedded or PostgreSQL), migrations, apply and reads."""
+"""The store: one engine (:func:`~sapwood.platform.storage.engines.make_engine`), migrations, apply and reads."""
 
 from __future__ import annotations
 
@@ -7,55 +7,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import sqlalchemy as sa
-from sqlalchemy import event as sa_event
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from sapwood.platform.apply import ApplyResult, ContextCache, apply_events
-from sapwood.platform.errors import (
-    ConflictError,
-    SapwoodError,
-    StoreError,
-    StoreUnavailableError,
-)
+from sapwood.platform.errors import ConflictError, StoreError
 from sapwood.platform.events import Event
-from sapwood.platform.json_values import load_json
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.projection import projection_hash, rebuild_projections
-from sapwood.platform.spans import call_input, load_spans
 from sapwood.platform.storage.calls import output_digests
+from sapwood.platform.storage.engines import make_engine
+from sapwood.platform.storage.errors import lost_write_race, translate_errors
+from sapwood.platform.storage.spans import call_input, load_spans
 from sapwood.platform.storage.store_stats import finished_executions, store_counts
 from sapwood.platform.storage.transactions import transactions
 from sapwood.platform.tokens import FloatArray, TokenArray, unpack_logprobs, unpack_tokens
-
-
-@contextlib.contextmanager
-def translate_errors() -> Iterator[None]:
-    """Translate driver errors into Sapwood's exception types at the boundary."""
-    try:
-        yield
-    except SapwoodError:
-        raise
-    except sa_exc.IntegrityError as exc:
-        raise ConflictError(f"store constraint violated: {exc.orig}") from exc
-    except sa_exc.DBAPIError as exc:
-        if exc.connection_invalidated or isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
-            raise StoreUnavailableError(f"database unavailable: {exc.orig}") from exc
-        raise StoreError(f"database error: {exc.orig}") from exc
-    except sa_exc.DisconnectionError as exc:  # a pool's pre-ping or checkout found the connection gone
-        raise StoreUnavailableError(f"database unavailable: {exc}") from exc
-    except sa_exc.TimeoutError as exc:  # the pool had no connection free within its timeout
-        raise StoreUnavailableError(f"no database connection free (pool exhausted): {exc}") from exc
-    except sa_exc.SQLAlchemyError as exc:
-        raise StoreError(f"database error: {exc}") from exc
-    except psycopg.IntegrityError as exc:  # raised by COPY on the raw driver connection
-        raise ConflictError(f"store constraint violated: {exc}") from exc
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # InterfaceError: a closed connection
-        raise StoreUnavailableError(f"database unavailable: {exc}") from exc
-    except psycopg.Error as exc:
-        raise StoreError(f"database error: {exc}") from exc
 
 
 def migrations_dir() -> Path:
@@ -63,34 +28,6 @@ def migrations_dir() -> Path:
     here = Path(__file__).resolve()
     repo = here.parents[4] / "migrations"
     return repo if (repo / "env.py").exists() else here.parent / "_migrations"
-
-
-def make_engine(url: str, *, statement_timeout_ms: int = 30_000, **pool: Any) -> Engine:
-    """Engine with Sapwood's connection settings for either backend.
-
-    ``pool`` (e.g. ``pool_size``, ``max_overflow``) sizes the PostgreSQL connection pool; SQLite
-    (one file, no server connections to keep) ignores it, so callers need not know the dialect.
-    """
-    if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"timeout": 30}, json_deserializer=load_json)
-
-        @sa_event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-        return engine
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return sa.create_engine(
-        url,
-        pool_pre_ping=True,
-        json_deserializer=load_json,  # JSONB prints a float 1e20 as a 21-digit integer: read it as the float
-        connect_args={"options": f"-c statement_timeout={statement_timeout_ms}"},
-        **pool,
-    )
 
 
 class Store:
@@ -157,7 +94,7 @@ class Store:
                 with self.transaction() as conn:
                     result = apply_events(conn, events, cache=self.cache, strict=strict, timer=timer)
             except ConflictError as exc:
-                if isinstance(exc.__cause__, sa_exc.IntegrityError | psycopg.IntegrityError) and attempt < retries:
+                if lost_write_race(exc) and attempt < retries:
                     continue  # a concurrent writer stored the same span/event first; re-plan
                 raise
             self.cache.merge(result.new_states)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
 
 _HEX = "[0-9a-f]"
-_ONE = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+#: One canonical UUID (a regex fragment).
+UUID_PATTERN = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
 #: ``8-4-4-4-12`` lowercase hex, the form :func:`str` of a :class:`uuid.UUID` gives.
-CANONICAL_UUID = re.compile(_ONE)
-_ARRAY = re.compile(rf"\{{{_ONE}(?:,{_ONE})*\}}")
+CANONICAL_UUID = re.compile(UUID_PATTERN)
 
 
 def canonical_uuid(text: str) -> str:
@@ -21,14 +20,4 @@ def canonical_uuid(text: str) -> str:
     return str(uuid.UUID(text))
 
 
-def uuid_array_literal(values: Sequence[str]) -> str:
-    """A PostgreSQL ``uuid[]`` array literal of ``values`` (one regex over the whole literal when all
-    are canonical already); :class:`ValueError` when one is not a UUID."""
-    literal = "{" + ",".join(values) + "}"
-    # The length check keeps one value holding two UUIDs ("<uuid>,<uuid>") from passing as two.
-    if len(literal) == 37 * len(values) + 1 and _ARRAY.fullmatch(literal):
-        return literal
-    return "{" + ",".join(canonical_uuid(v) for v in values) + "}"
-
-
-__all__ = ["CANONICAL_UUID", "canonical_uuid", "uuid_array_literal"]
+__all__ = ["CANONICAL_UUID", "canonical_uuid"]

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Path
 
 from sapwood.api import writes
 from sapwood.api.deps import CursorQuery, LimitDep, ReadKey, ServicesDep, WriteKey
-from sapwood.api.errors import from_driver
 from sapwood.api.queries import executions as q
 from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, TOO_LARGE
 from sapwood.api.schemas import NO_NUL, RunCreate, RunCreated, RunItemsPage, RunOut, RunPage
 from sapwood.platform.errors import ConflictError
+from sapwood.platform.storage.errors import from_driver
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=AUTH_ERRORS)
 RunIdPath = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]

@@ -22,8 +22,8 @@ from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.planner.results import ApplyResult, ContextCache
 from sapwood.platform.planner.run import apply_batch
 from sapwood.platform.replays import Prior
-from sapwood.platform.spans import existing_digests, path_tokens
 from sapwood.platform.storage.recorder import ChildNode, PlannedWrites, Row, SpanSink
+from sapwood.platform.storage.spans import existing_digests, path_tokens
 from sapwood.platform.tokens import TokenArray
 from sapwood.platform.tree import NodeRecord, Role
 

@@ -24,7 +24,6 @@ from sqlalchemy.engine import Connection
 from sapwood.platform import schema as t
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.replays import Prior
-from sapwood.platform.spans import uuid_in
 from sapwood.platform.storage.postgres.bulkcopy import (
     COPY_MIN_ROWS,
     Payload,
@@ -34,6 +33,7 @@ from sapwood.platform.storage.postgres.bulkcopy import (
 )
 from sapwood.platform.storage.postgres.span_stream import SpanStream
 from sapwood.platform.storage.postgres.spans import new_span_rows
+from sapwood.platform.storage.postgres.uuids import uuid_array_literal, uuid_in
 from sapwood.platform.storage.recorder import PlannedWrites, Row
 from sapwood.platform.storage.recorder_sql import (
     EVENT_KEYS,
@@ -46,7 +46,6 @@ from sapwood.platform.storage.recorder_sql import (
     write_updates,
 )
 from sapwood.platform.tree import NodeRecord
-from sapwood.platform.uuids import uuid_array_literal
 
 # Look-ups every batch runs, built once (the ids go as one uuid[] literal).
 _NODES_BY_ID = NODE_FIELDS.where(uuid_in(t.nodes.c.node_id, "ids"))

@@ -13,30 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from types import ModuleType
-from typing import Any
 
 import numpy as np
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from sapwood.platform.storage.dialects import for_dialect
 from sapwood.platform.storage.spans_sql import load_spans as load_spans  # re-exported: the one span read
 from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.tokens import TokenArray
-
-
-def uuid_in(column: sa.ColumnElement[Any], param: str) -> sa.ColumnElement[bool]:
-    """``column IN :param`` for a UUID column on PostgreSQL, ``param`` bound to one ``uuid[]`` literal
-    (:func:`sapwood.platform.uuids.uuid_array_literal`).
-
-    Faster than a bind per value or a driver-adapted list (both cost Python work per element), and the
-    statement it belongs to can be built once and reused.
-    """
-    # IN (SELECT unnest(...)): a semi-join the planner can hash or drive through the index;
-    # `= ANY(array)` would compare every scanned row with the whole array.
-    array = sa.cast(sa.bindparam(param, type_=sa.Text), postgresql.ARRAY(sa.Uuid))
-    return column.in_(sa.select(sa.func.unnest(array)))
 
 
 def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:

@@ -1,0 +1,21 @@
+"""Engines with Sapwood's connection settings, whichever backend a URL names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from sapwood.platform.storage.postgres.engine import postgres_engine
+from sapwood.platform.storage.sqlite.engine import sqlite_engine
+
+
+def make_engine(url: str, *, statement_timeout_ms: int = 30_000, **pool: Any) -> Engine:
+    """Engine with Sapwood's connection settings for either backend.
+
+    ``pool`` (e.g. ``pool_size``, ``max_overflow``) sizes the PostgreSQL connection pool; SQLite
+    (one file, no server connections to keep) ignores it, so callers need not know the dialect.
+    """
+    if url.startswith("sqlite"):
+        return sqlite_engine(url)
+    return postgres_engine(url, statement_timeout_ms=statement_timeout_ms, **pool)
