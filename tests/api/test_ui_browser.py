@@ -348,7 +348,8 @@ def test_bidi_controls_are_shown_escaped_in_logical_order(page: Page, served: Se
         .find(n => n.nodeType === 3 && n.data.startsWith('live'));
       return [0, 1, 2, 3].map(i => { const r = document.createRange(); r.setStart(t, i); r.setEnd(t, i + 1);
         return r.getBoundingClientRect().left; }); }""")
-    assert lefts == sorted(lefts) and len(set(lefts)) == 4
+    assert lefts == sorted(lefts)
+    assert len(set(lefts)) == 4
     goto(page, served, f"#/execution/{w.execution_id}")
     page.wait_for_function(
         "id => document.querySelector(`#tree [data-node='${id}'] .txt`).textContent.includes('live')",

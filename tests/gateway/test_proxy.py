@@ -60,14 +60,17 @@ def test_completion_with_token_ids_is_recorded_exactly_and_extras_are_stripped(r
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["logprobs"] is None, "the client asked for no log-probs"
-    assert "token_ids" not in choice and "prompt_token_ids" not in choice
+    assert "token_ids" not in choice
+    assert "prompt_token_ids" not in choice
     sent = rig.upstream.state.requests[-1]
-    assert sent["return_token_ids"] is True and sent["logprobs"] == 1
+    assert sent["return_token_ids"] is True
+    assert sent["logprobs"] == 1
     call_id = r.headers["x-sapwood-call-id"]
     out, lps, _ = generate([5, 6, 7], 3)
     assert rig.store.reconstruct_input(call_id).tolist() == [5, 6, 7]
     ids, logprobs = rig.store.call_output(call_id)
-    assert ids.tolist() == out and logprobs.tolist() == lps
+    assert ids.tolist() == out
+    assert logprobs.tolist() == lps
 
 
 def test_client_that_asked_for_logprobs_and_ids_keeps_them(rig: Rig) -> None:
@@ -108,13 +111,15 @@ def test_finish_records_status_reward_and_partial_score(rig: Rig) -> None:
     assert r.status_code == 200, r.text
     assert _status(rig.store) == [("success", 0.5)]
     again = rig.client.post("/v1/sessions/fin/finish", json={"status": "success"})
-    assert again.status_code == 404 and "fin" in again.json()["error"]["message"]
+    assert again.status_code == 404
+    assert "fin" in again.json()["error"]["message"]
 
 
 def test_finish_with_unknown_status_is_a_clear_400(rig: Rig) -> None:
     rig.client.post("/s/bad/v1/completions", json={"prompt": [1], "max_tokens": 1})
     r = rig.client.post("/v1/sessions/bad/finish", json={"status": "done"})
-    assert r.status_code == 400 and "success, error, timeout" in r.json()["error"]["message"]
+    assert r.status_code == 400
+    assert "success, error, timeout" in r.json()["error"]["message"]
 
 
 def test_idle_sessions_end_as_timeout(rig: Rig) -> None:
@@ -128,7 +133,8 @@ def test_idle_sessions_end_as_timeout(rig: Rig) -> None:
 
 def test_request_without_a_session_is_refused(rig: Rig) -> None:
     r = rig.client.post("/v1/completions", json={"prompt": [1], "max_tokens": 1})
-    assert r.status_code == 400 and "X-Session-Id" in r.json()["error"]["message"]
+    assert r.status_code == 400
+    assert "X-Session-Id" in r.json()["error"]["message"]
     assert rig.upstream.state.requests == []
 
 
@@ -181,7 +187,8 @@ def test_streamed_call_passes_chunks_through_stripped_and_is_recorded_at_the_end
         text = "".join(r.iter_text())
         assert r.status_code == 200, text
     chunks = _sse_chunks(text)
-    assert len(chunks) == 4 and text.rstrip().endswith("data: [DONE]")
+    assert len(chunks) == 4
+    assert text.rstrip().endswith("data: [DONE]")
     assert all("token_ids" not in c and "prompt_token_ids" not in c for ch in chunks for c in ch["choices"])
     assert all(c.get("logprobs") is None for ch in chunks for c in ch["choices"])
     assert "prompt_token_ids" not in chunks[0]
@@ -191,7 +198,8 @@ def test_streamed_call_passes_chunks_through_stripped_and_is_recorded_at_the_end
     assert reason == "length"
     assert rig.store.reconstruct_input(call_id).tolist() == prompt
     ids, logprobs = rig.store.call_output(call_id)
-    assert ids.tolist() == out and logprobs.tolist() == lps
+    assert ids.tolist() == out
+    assert logprobs.tolist() == lps
 
 
 def test_stream_that_ends_early_records_what_arrived_as_abort(rig: Rig) -> None:
@@ -253,6 +261,7 @@ def test_client_that_disconnects_mid_stream_records_the_partial_output_as_abort(
     assert reason == "abort"
     out, lps, _ = generate([5, 6, 7], 4)
     ids, logprobs = store.call_output(call_id)
-    assert ids.tolist() == out[:2] and logprobs.tolist() == lps[:2]
+    assert ids.tolist() == out[:2]
+    assert logprobs.tolist() == lps[:2]
     transport.close()
     store.close()

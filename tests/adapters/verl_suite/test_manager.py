@@ -23,7 +23,7 @@ from sapwood.platform import schema
 from sapwood.platform.runs import ExecutionFilter
 from sapwood.platform.storage.executions import executions_page
 from sapwood.platform.store import Store
-from tests.adapters.verl_suite.test_agent_loop import EngineServerManager
+from tests.support.verl_engine import EngineServerManager
 
 
 @pytest.mark.parametrize(("uids", "parts", "expected"), [

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import sqlalchemy as sa
 from fastapi.responses import StreamingResponse
 from sqlalchemy.engine import Engine
 from starlette.types import Message, Send
@@ -64,19 +63,11 @@ def open_export_pool(settings: ApiSettings, store: Store) -> ExportPool:
     engine = make_engine(
         url,
         statement_timeout_ms=settings.api_export_statement_timeout_ms,
+        idle_in_transaction_timeout_ms=int(settings.api_export_idle_timeout_s * 1000),
         pool_size=settings.api_export_pool_size,
         max_overflow=0,
         pool_timeout=settings.api_db_pool_timeout_s,
     )
-    if engine.dialect.name == "postgresql":
-        idle_ms = int(settings.api_export_idle_timeout_s * 1000)
-
-        @sa.event.listens_for(engine, "connect")
-        def _idle_timeout(dbapi_conn: Any, _record: Any) -> None:
-            with dbapi_conn.cursor() as cur:
-                cur.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
-            dbapi_conn.commit()
-
     return ExportPool(
         engine,
         concurrency=settings.api_export_concurrency,

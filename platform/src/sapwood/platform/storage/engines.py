@@ -10,12 +10,15 @@ from sapwood.platform.storage.postgres.engine import postgres_engine
 from sapwood.platform.storage.sqlite.engine import sqlite_engine
 
 
-def make_engine(url: str, *, statement_timeout_ms: int = 30_000, **pool: Any) -> Engine:
+def make_engine(url: str, *, statement_timeout_ms: int = 30_000, idle_in_transaction_timeout_ms: int | None = None,
+                **pool: Any) -> Engine:
     """Engine with Sapwood's connection settings for either backend.
 
     ``pool`` (e.g. ``pool_size``, ``max_overflow``) sizes the PostgreSQL connection pool; SQLite
-    (one file, no server connections to keep) ignores it, so callers need not know the dialect.
+    (one file, no server connections to keep) ignores it, so callers need not know the dialect; so does
+    ``idle_in_transaction_timeout_ms`` (PostgreSQL ends a session idle in a transaction that long).
     """
     if url.startswith("sqlite"):
         return sqlite_engine(url)
-    return postgres_engine(url, statement_timeout_ms=statement_timeout_ms, **pool)
+    return postgres_engine(url, statement_timeout_ms=statement_timeout_ms,
+                           idle_in_transaction_timeout_ms=idle_in_transaction_timeout_ms, **pool)
