@@ -4,6 +4,7 @@ the ``sapwood`` loop: what the loop returns to verl is untouched, and the store 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 
 import sapwood.adapters.verl.agent_loop as sapwood_loop
 from sapwood.adapters.verl.agent_loop import SapwoodAgentLoop
+from sapwood.api.queries.audit import audit
 from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.store import Store
-from tests.support.verl_engine import EngineServerManager
+from tests.support.verl_engine import EngineServerManager, VllmServerManager
 
 
 @register("two_turn_test")
@@ -45,7 +47,7 @@ def _config(tmp_path: Path, inner: str, n: int) -> Any:
     })
 
 
-async def _play(cfg: Any, tokenizer: Any, manager: EngineServerManager, n: int) -> list[AgentLoopOutput]:
+async def _play(cfg: Any, tokenizer: Any, manager: Any, n: int) -> list[AgentLoopOutput]:
     def make() -> SapwoodAgentLoop:
         return SapwoodAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=manager, tokenizer=tokenizer,
                                 processor=None, dataset_cls=None, data_config=DictConfigWrap(cfg.data))
@@ -71,16 +73,28 @@ def _stored_calls(url: str) -> tuple[list[dict[str, Any]], Any]:
             if node.call_id is None or node.role != 2:  # action outputs
                 continue
             ctx = reader.context_tokens(conn, node.node_id).tolist()
-            calls.append({"context": ctx, "length": node.length})
+            calls.append({"context": ctx, "length": node.length,
+                          "audit": audit(conn, str(node.call_id), tokenizer=None)})
         return calls, page[0]
 
 
+def _server(kind: str) -> Any:
+    """Sapwood's local engine always; the real vLLM CPU server when one is up (SAPWOOD_TEST_VLLM_URL)."""
+    if kind == "engine":
+        return EngineServerManager()
+    url = os.environ.get("SAPWOOD_TEST_VLLM_URL")
+    if not url:
+        pytest.skip("SAPWOOD_TEST_VLLM_URL is unset (python scripts/services.py start vllm)")
+    return VllmServerManager(url)
+
+
+@pytest.mark.parametrize("server", ["engine", "vllm"])
 @pytest.mark.parametrize("inner,n,calls_per_sample", [("single_turn_agent", 2, 1), ("two_turn_test", 3, 2)])
 def test_every_call_is_recorded_once_with_exact_ids_and_the_loop_output_is_unchanged(
-        tmp_path: Path, hf_tokenizer: Any, inner: str, n: int, calls_per_sample: int) -> None:
+        tmp_path: Path, hf_tokenizer: Any, inner: str, n: int, calls_per_sample: int, server: str) -> None:
     sapwood_loop._GROUPS.clear()
     cfg = _config(tmp_path, inner, n)
-    manager = EngineServerManager()
+    manager = _server(server)
     outputs = asyncio.run(_play(cfg, hf_tokenizer, manager, n))
     sapwood_loop.recorder_for(cfg).flush()
     assert len(manager.answers) == n * calls_per_sample
@@ -91,6 +105,14 @@ def test_every_call_is_recorded_once_with_exact_ids_and_the_loop_output_is_uncha
     stored = sorted(c["context"] for c in calls)
     answered = sorted(p + o for p, o, _ in manager.answers)
     assert stored == answered
+    # every call's audit verifies its input digest and gives back the engine's exact answer
+    assert [c["audit"]["verified"] for c in calls] == [True] * len(calls)
+    audited = sorted((c["audit"]["input"]["token_ids"].tolist(), c["audit"]["output"]["token_ids"].tolist(),
+                      c["audit"]["output"]["logprobs"].tolist()) for c in calls)
+    expected = sorted(manager.answers)
+    assert [(p, o) for p, o, _ in audited] == [(p, o) for p, o, _ in expected]
+    for (_, _, got), (_, _, want) in zip(audited, expected, strict=True):
+        assert got == pytest.approx(want, abs=1e-6)
     assert row["status"] == "success"
     if inner == "two_turn_test":
         assert row["reward"] == pytest.approx(3.0)  # every sample scored 3 (its second call's length)
