@@ -51,6 +51,30 @@ def _turn(client: Any, prompt: list[int]) -> tuple[list[int], list[int]]:
     return choice["prompt_token_ids"], choice["token_ids"]
 
 
+def _direct_chat(vllm_url: str, msgs: list[dict[str, str]]) -> dict[str, Any]:
+    """What vLLM answers for the same chat request without the gateway (with its token ids)."""
+    answer: dict[str, Any] = (
+        httpx.post(
+            f"{vllm_url}/v1/chat/completions",
+            timeout=600,
+            json={"model": "tiny", "messages": msgs, "return_token_ids": True, **SAMPLING},
+        )
+        .raise_for_status()
+        .json()
+    )
+    return answer
+
+
+def _assert_the_one_call_is(store: Store, direct: dict[str, Any]) -> None:
+    """The store holds one call; its audit verifies and holds vLLM's direct answer's prompt and output ids."""
+    with store.transaction() as conn:
+        call_id = conn.exec_driver_sql("SELECT call_id FROM calls").scalar_one()
+        a = audit(conn, call_id, tokenizer=None)
+    assert a["verified"]
+    assert a["input"]["token_ids"].tolist() == direct["prompt_token_ids"]
+    assert a["output"]["token_ids"].tolist() == direct["choices"][0]["token_ids"]
+
+
 def test_agent_chain_fork_and_compaction_are_recorded_as_that_tree(gateway: tuple[str, Store], vllm_url: str) -> None:
     url, store = gateway
     client = openai.OpenAI(base_url=f"{url}/s/agent-1/v1", api_key="unused", max_retries=0, timeout=600)
@@ -102,21 +126,8 @@ def test_chat_through_the_gateway_records_vllms_rendered_prompt(gateway: tuple[s
     msgs = [{"role": "user", "content": "the tree"}]
     r = client.chat.completions.create(model="tiny", messages=msgs, **SAMPLING)
     assert r.choices[0].logprobs is None, "the client asked for no log-probs: the gateway strips them"
-    direct = (
-        httpx.post(
-            f"{vllm_url}/v1/chat/completions",
-            timeout=600,
-            json={"model": "tiny", "messages": msgs, "return_token_ids": True, **SAMPLING},
-        )
-        .raise_for_status()
-        .json()
-    )
-    with store.transaction() as conn:
-        call_id = conn.exec_driver_sql("SELECT call_id FROM calls").scalar_one()
-        a = audit(conn, call_id, tokenizer=None)
-    assert a["verified"]
-    assert a["input"]["token_ids"].tolist() == direct["prompt_token_ids"]
-    assert a["output"]["token_ids"].tolist() == direct["choices"][0]["token_ids"]
+    direct = _direct_chat(vllm_url, msgs)
+    _assert_the_one_call_is(store, direct)
 
 
 def test_streamed_chat_is_recorded_like_the_unstreamed_answer(gateway: tuple[str, Store], vllm_url: str) -> None:
@@ -128,19 +139,6 @@ def test_streamed_chat_is_recorded_like_the_unstreamed_answer(gateway: tuple[str
         for c in client.chat.completions.create(model="tiny", messages=msgs, stream=True, **SAMPLING)
         if c.choices
     ]
-    direct = (
-        httpx.post(
-            f"{vllm_url}/v1/chat/completions",
-            timeout=600,
-            json={"model": "tiny", "messages": msgs, "return_token_ids": True, **SAMPLING},
-        )
-        .raise_for_status()
-        .json()
-    )
+    direct = _direct_chat(vllm_url, msgs)
     assert "".join(pieces) == direct["choices"][0]["message"]["content"]
-    with store.transaction() as conn:
-        call_id = conn.exec_driver_sql("SELECT call_id FROM calls").scalar_one()
-        a = audit(conn, call_id, tokenizer=None)
-    assert a["verified"]
-    assert a["input"]["token_ids"].tolist() == direct["prompt_token_ids"]
-    assert a["output"]["token_ids"].tolist() == direct["choices"][0]["token_ids"]
+    _assert_the_one_call_is(store, direct)

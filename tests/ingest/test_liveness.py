@@ -15,6 +15,8 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,22 @@ def _start(tmp_path: Path, pg_url: str, kafka_bootstrap: str, port: int, *extra:
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
 
 
+@contextmanager
+def _wedged_ingest(
+    tmp_path: Path, pg_url: str, kafka_bootstrap: str, *flags: str
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """An ingest process whose main loop has reached the injected wedge; killed on the way out if still alive."""
+    port = free_port()
+    proc = _start(tmp_path, pg_url, kafka_bootstrap, port, *flags)
+    try:
+        wait_until(lambda: (tmp_path / "stuck").exists(), 90, "the main loop to reach the injected wedge")
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _health(port: int) -> tuple[int, dict[str, object]] | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
@@ -133,29 +151,20 @@ def _health(port: int) -> tuple[int, dict[str, object]] | None:
 def test_a_stuck_main_loop_flips_healthz_and_the_watchdog_exits_with_its_status(
     pg_url: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    proc = _start(tmp_path, pg_url, kafka_bootstrap, port, "--stall-after-s", "1", "--watchdog-s", "4")
-    try:
-        wait_until(lambda: (tmp_path / "stuck").exists(), 90, "the main loop to reach the injected wedge")
+    with _wedged_ingest(tmp_path, pg_url, kafka_bootstrap, "--stall-after-s", "1", "--watchdog-s", "4") as (proc, port):
         seen = wait_until(lambda: (h := _health(port)) is not None and h[0] == 503 and h, 10, "/healthz to answer 503")
         assert seen[1]["status"] == "unhealthy"
         assert any("main loop: no step" in r for r in seen[1]["reasons"])
         assert proc.wait(30) == EXIT_WEDGED, (tmp_path / "ingest.log").read_text()
         assert "watchdog: the ingest main loop took no step" in (tmp_path / "ingest.log").read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.postgres
 def test_sigterm_during_a_stuck_batch_ends_the_process_within_the_bound(
     pg_url: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    proc = _start(tmp_path, pg_url, kafka_bootstrap, port, "--watchdog-s", "600", "--stop-timeout-s", "2")
-    try:
-        wait_until(lambda: (tmp_path / "stuck").exists(), 90, "the main loop to reach the injected wedge")
+    flags = ("--watchdog-s", "600", "--stop-timeout-s", "2")
+    with _wedged_ingest(tmp_path, pg_url, kafka_bootstrap, *flags) as (proc, port):
         assert _health(port) is not None  # the health server's thread runs: SIGTERM must not kill it by default
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -164,10 +173,6 @@ def test_sigterm_during_a_stuck_batch_ends_the_process_within_the_bound(
         assert rc == EXIT_STOP_TIMEOUT, (tmp_path / "ingest.log").read_text()
         assert 2.0 <= elapsed < 10.0
         assert "stop: not ended 2.0 s after signal" in (tmp_path / "ingest.log").read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_the_sensor_feeds_progress_to_healthz_and_the_seconds_since_progress_gauge() -> None:
