@@ -57,7 +57,7 @@ from sapwood.ingest.source import consumer_settings
 from sapwood.ingest.topics import end_offsets
 from sapwood.platform.codec import decode
 from sapwood.platform.events import Event
-from sapwood.platform.storage.offsets import offset_store
+from sapwood.platform.storage.backends import offset_store
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.platform.tokens import digest_bytes, pack

@@ -42,8 +42,9 @@ from rich.progress import track
 
 from sapwood.learner.assembly import build_batch
 from sapwood.learner.backends import BACKENDS, create_backend
-from sapwood.learner.batch import TreeBatch, flatten
+from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import CriticConfig, LearnerConfig, PolicyLossConfig, SourceConfig
+from sapwood.learner.flat import flatten
 from sapwood.learner.loop import Learner
 from sapwood.learner.model import (
     PolicyBackend,

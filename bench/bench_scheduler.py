@@ -186,7 +186,7 @@ def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int) 
 
 def kafka_topic(bootstrap: str, store: Store) -> tuple[KafkaLag, int]:
     """A fresh 4-partition topic with records in every partition and stored offsets behind the log end."""
-    from sapwood.platform.storage.offsets import offset_store
+    from sapwood.platform.storage.backends import offset_store
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -48,6 +48,7 @@ from pg_bench import drop_database, fresh_database, raw_copy, span_bytes
 from sapwood.platform import schema as t
 from sapwood.platform.events import ModelCall
 from sapwood.platform.span_encoding import encode_span
+from sapwood.platform.storage.postgres.applier import PostgresStoredState
 from sapwood.platform.storage.postgres.bulkcopy import (
     BINARY_HEADER,
     BINARY_TRAILER,
@@ -56,7 +57,6 @@ from sapwood.platform.storage.postgres.bulkcopy import (
     open_copy,
     send,
 )
-from sapwood.platform.storage.postgres.recorder import PostgresStoredState
 from sapwood.platform.storage.spans import existing_digests
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution

@@ -19,7 +19,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from sapwood.ingest.topics import end_offsets
-from sapwood.platform.storage.offsets import offset_store
+from sapwood.platform.storage.backends import offset_store
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

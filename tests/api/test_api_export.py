@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sapwood.api.queries.export import NODE_SCHEMA, TRAJECTORY_SCHEMA, ParquetExport
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.execution_filter import ExecutionFilter
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 from tests.support.api_client import Keys, TestClient, calls_of, latest_score, logical_trajectory

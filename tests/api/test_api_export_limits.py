@@ -16,7 +16,7 @@ import pytest
 
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.queries.export import ExportRows, ParquetExport
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.execution_filter import ExecutionFilter
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from tests.support.api_client import make_keys

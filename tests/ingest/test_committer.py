@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sapwood.ingest.committer import NOT_ASSIGNED, OffsetCommitter
-from sapwood.platform.storage.offsets import offset_store
+from sapwood.platform.storage.backends import offset_store
 from sapwood.platform.store import Store
 from tests.support.kafka_ingest import FakeRecord as Record
 from tests.support.kafka_ingest import FakeTopicPartition as TP

@@ -20,7 +20,7 @@ from sapwood.ingest.topics import end_offsets
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode
 from sapwood.platform.events import Event, ExecutionStarted, Prompt
-from sapwood.platform.storage.offsets import offset_store
+from sapwood.platform.storage.backends import offset_store
 from sapwood.platform.store import Store
 from sapwood.platform.synthetic import SynthConfig, synthetic_execution
 from sapwood.rollout import KafkaTransport

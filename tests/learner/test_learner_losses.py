@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder, flatten
+from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder
 from sapwood.learner.config import DISWindow, PolicyLossConfig
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.flat import flatten
 from sapwood.learner.losses import (
     aggregate,
     dis_policy_loss,

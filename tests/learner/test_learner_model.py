@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from sapwood.learner.advantages import batch_gae
-from sapwood.learner.batch import TreeBatch, flatten
+from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import LearnerConfig, OptimConfig, PolicyLossConfig
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.flat import flatten
 from sapwood.learner.model import (
     PolicyBackend,
     TinyActorCritic,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from sapwood.learner.advantages import batch_gae
-from sapwood.learner.batch import flatten
 from sapwood.learner.config import CriticConfig, LearnerConfig, OptimConfig, PolicyLossConfig
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.flat import flatten
 from sapwood.learner.megatron_backend import MegatronBackend, loss_denominator
 from sapwood.learner.megatron_model import tiny_to_megatron, weight_map
 from sapwood.learner.megatron_parallel import init_parallel, layout, teardown_parallel

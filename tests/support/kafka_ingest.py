@@ -23,7 +23,7 @@ from sapwood.ingest.topics import end_offsets
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode
 from sapwood.platform.events import Event
-from sapwood.platform.storage.offsets import offset_store
+from sapwood.platform.storage.backends import offset_store
 from sapwood.platform.store import Store
 from sapwood.rollout import ExecutionRecorder, Recorder
 

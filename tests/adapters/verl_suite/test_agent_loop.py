@@ -16,7 +16,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 import sapwood.adapters.verl.agent_loop as sapwood_loop
 from sapwood.adapters.verl.agent_loop import SapwoodAgentLoop
 from sapwood.api.queries.audit import audit
-from sapwood.platform.storage.trees import tree_reader
+from sapwood.platform.storage.backends import tree_reader
 from sapwood.platform.store import Store
 from tests.support.verl_engine import EngineServerManager, VllmServerManager
 
@@ -60,7 +60,7 @@ async def _play(cfg: Any, tokenizer: Any, manager: Any, n: int) -> list[AgentLoo
 def _stored_calls(url: str) -> tuple[list[dict[str, Any]], Any]:
     store = Store.open(url)
     with store.transaction() as conn:
-        from sapwood.platform.runs import ExecutionFilter
+        from sapwood.platform.execution_filter import ExecutionFilter
         from sapwood.platform.storage.executions import executions_page
 
         page = executions_page(conn, ExecutionFilter(run_id="verl-run"), after=None, limit=10)

@@ -20,7 +20,7 @@ import sapwood.adapters.verl.agent_loop as sapwood_loop
 from sapwood.adapters.verl.agent_loop import SapwoodAgentLoop, policy_version_of
 from sapwood.adapters.verl.manager import SapwoodAgentLoopManager, group_aligned_bounds
 from sapwood.platform import schema
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.execution_filter import ExecutionFilter
 from sapwood.platform.storage.executions import executions_page
 from sapwood.platform.store import Store
 from tests.support.verl_engine import EngineServerManager

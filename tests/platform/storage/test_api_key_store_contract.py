@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from sapwood.platform.storage.api_keys import api_key_store
+from sapwood.platform.storage.backends import api_key_store
 from sapwood.platform.store import Store
 
 

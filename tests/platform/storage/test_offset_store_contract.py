@@ -7,7 +7,8 @@ import sqlalchemy as sa
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError
-from sapwood.platform.storage.offsets import OffsetStore, StaleOffsetError, offset_store
+from sapwood.platform.storage.backends import offset_store
+from sapwood.platform.storage.offsets import OffsetStore, StaleOffsetError
 from sapwood.platform.store import Store
 
 G, T = "group-a", "topic-a"

@@ -9,8 +9,9 @@ import pytest
 import sqlalchemy as sa
 
 from sapwood.platform.errors import ConflictError
-from sapwood.platform.runs import ExecutionFilter
-from sapwood.platform.storage.runs import RunKind, RunQueue, run_queue
+from sapwood.platform.execution_filter import ExecutionFilter
+from sapwood.platform.storage.backends import run_queue
+from sapwood.platform.storage.runs import RunKind, RunQueue
 from sapwood.platform.storage.runs_sql import replay_order_key
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter

@@ -10,9 +10,8 @@ import pytest
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.events import CellHeartbeat, CellRegistered, PolicyPublished, RoleAssigned, SwitchPhase
+from sapwood.platform.storage.backends import offset_store, run_queue
 from sapwood.platform.storage.cells import cells, decisions
-from sapwood.platform.storage.offsets import offset_store
-from sapwood.platform.storage.runs import run_queue
 from sapwood.platform.storage.scheduler_signals import (
     in_flight,
     live_run_backlogs,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from sapwood.platform.storage.transactions import transactions
+from sapwood.platform.storage.backends import transactions
 from sapwood.platform.store import Store
 
 _COUNT = sa.text("SELECT count(*) FROM api_keys")

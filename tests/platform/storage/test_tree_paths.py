@@ -13,8 +13,8 @@ from sqlalchemy.engine import Connection
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.events import ModelCall, SegmentBoundary
+from sapwood.platform.storage.backends import tree_reader
 from sapwood.platform.storage.postgres.trees import PostgresTreeReader, lateral_step
-from sapwood.platform.storage.spans import call_input, path_tokens
 from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader, join_step
 from sapwood.platform.storage.trees_sql import SqlTreeReader, Step, path_cte
 from sapwood.platform.storage.trees_sql import across_segments as _across_segments
@@ -43,10 +43,10 @@ def test_call_input_and_path_tokens_match_the_recorded_inputs(store: Store) -> N
     with store.transaction() as conn:
         for call in calls:
             expected = expected_input(w, call)
-            ids, recorded = call_input(conn, call.call_id)
+            ids, recorded = tree_reader(conn).call_input(conn, call.call_id)
             np.testing.assert_array_equal(ids, expected)
             assert recorded == expected.size
-            np.testing.assert_array_equal(path_tokens(conn, call.output_node_id),
+            np.testing.assert_array_equal(tree_reader(conn).context_tokens(conn, call.output_node_id),
                                           np.concatenate([expected, call.output_ids]))
 
 
@@ -55,9 +55,9 @@ def test_unknown_ids_are_named_in_the_error(store: Store) -> None:
     missing = "00000000-0000-4000-8000-000000000000"
     with store.transaction() as conn:
         with pytest.raises(UnknownParentError, match=f"model call {missing} does not exist"):
-            call_input(conn, missing)
+            tree_reader(conn).call_input(conn, missing)
         with pytest.raises(UnknownParentError, match=f"node {missing} does not exist"):
-            path_tokens(conn, missing)
+            tree_reader(conn).context_tokens(conn, missing)
 
 
 def test_path_cte_crosses_compactions_with_a_link(store: Store) -> None:

@@ -14,7 +14,8 @@ import sqlalchemy as sa
 
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.events import ModelCall
-from sapwood.platform.storage.trees import PageSlice, tree_reader
+from sapwood.platform.storage.backends import tree_reader
+from sapwood.platform.storage.trees import PageSlice
 from sapwood.platform.store import Store
 from sapwood.platform.tree import Role
 from sapwood.platform.writer import ExecutionWriter

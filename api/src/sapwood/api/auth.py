@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sapwood.api.errors import AuthenticationError, PermissionDeniedError
 from sapwood.platform.errors import ConflictError, UnknownParentError, ValidationError
-from sapwood.platform.storage.api_keys import api_key_store
+from sapwood.platform.storage.backends import api_key_store
 from sapwood.platform.storage.errors import translate_errors
 
 SCOPES = ("read", "write", "admin")

@@ -25,9 +25,10 @@ from sapwood.api.tokenizer import Tokenizer
 from sapwood.api.versions import VersionReader
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.events.base import ExecutionStatus
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.execution_filter import ExecutionFilter
+from sapwood.platform.storage.backends import transactions
 from sapwood.platform.storage.errors import translate_errors
-from sapwood.platform.storage.transactions import Transactions, transactions
+from sapwood.platform.storage.transactions import Transactions
 from sapwood.platform.store import Store
 
 

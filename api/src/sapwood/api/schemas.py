@@ -17,11 +17,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from sapwood.platform.errors import ValidationError
-from sapwood.platform.json_values import check_json_numbers
-from sapwood.platform.run_ids import RUN_ID_PATTERN
-from sapwood.platform.runs import (
-    CONFIG_MAX_BYTES,
-    CONFIG_MAX_DEPTH,
+from sapwood.platform.execution_filter import (
     JSON_INT_MAX,
     JSON_INT_MIN,
     JSON_NUMBER_MAX,
@@ -29,8 +25,10 @@ from sapwood.platform.runs import (
     ExecutionFilter,
     JsonNumber,
     NonNegativeInt32,
-    check_storable_json,
 )
+from sapwood.platform.json_values import check_json_numbers
+from sapwood.platform.run_ids import RUN_ID_PATTERN
+from sapwood.platform.runs import CONFIG_MAX_BYTES, CONFIG_MAX_DEPTH, check_storable_json
 
 RoleName = Literal["prompt", "observation", "action", "summary"]
 #: Text without NUL characters (PostgreSQL text and JSONB cannot hold them).

@@ -12,7 +12,7 @@ from sapwood.platform import runs as platform_runs
 from sapwood.platform.apply import apply_events
 from sapwood.platform.errors import ConflictError, UnknownParentError
 from sapwood.platform.events import PartialScore
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.execution_filter import ExecutionFilter
 from sapwood.platform.storage import executions as reads
 
 

@@ -21,7 +21,8 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from sapwood.ingest.source import KafkaSource, TopicPartition
-from sapwood.platform.storage.offsets import OffsetStore, offset_store
+from sapwood.platform.storage.backends import offset_store
+from sapwood.platform.storage.offsets import OffsetStore
 from sapwood.platform.store import Store
 
 log = logging.getLogger(__name__)

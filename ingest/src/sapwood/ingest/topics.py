@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from sapwood.platform.storage.offsets import offset_store
+from sapwood.platform.storage.backends import offset_store
 
 log = logging.getLogger(__name__)
 

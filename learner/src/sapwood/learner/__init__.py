@@ -36,10 +36,8 @@ from sapwood.learner.batch import (
     OBSERVATION,
     PROMPT,
     SUMMARY,
-    FlatBatch,
     TreeBatch,
     TreeBatchBuilder,
-    flatten,
     tree_attention_mask,
 )
 from sapwood.learner.config import (
@@ -51,6 +49,7 @@ from sapwood.learner.config import (
     PolicyLossConfig,
 )
 from sapwood.learner.errors import BatchValidationError, ConfigError, LearnerError
+from sapwood.learner.flat import FlatBatch, flatten
 from sapwood.learner.losses import aggregate, dis_policy_loss, metric_floats, ppo_clip_policy_loss, value_loss
 from sapwood.learner.model import (
     ForwardOutput,

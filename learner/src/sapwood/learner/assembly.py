@@ -25,8 +25,9 @@ from sqlalchemy.engine import Connection
 
 from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import SourceConfig, check_jmax
+from sapwood.platform.storage.backends import tree_reader
 from sapwood.platform.storage.spans import load_spans
-from sapwood.platform.storage.trees import BatchNode, BatchRows, tree_reader
+from sapwood.platform.storage.trees import BatchNode, BatchRows
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
 from sapwood.platform.tree import logical_parent, resolve_reward, trainable_roles

@@ -36,7 +36,6 @@ from torch import Tensor
 
 from sapwood.learner.config import check_jmax
 from sapwood.learner.errors import BatchValidationError
-from sapwood.learner.flat import FlatBatch, flatten
 from sapwood.learner.forest import ancestor_mask, child_count, root_of
 from sapwood.learner.weights import path_probability, per_execution_sum
 from sapwood.platform.tree import ROLE_NAMES, Role, trainable_roles
@@ -47,10 +46,8 @@ __all__ = [
     "PROMPT",
     "ROLE_NAMES",
     "SUMMARY",
-    "FlatBatch",
     "TreeBatch",
     "TreeBatchBuilder",
-    "flatten",
     "tree_attention_mask",
 ]
 

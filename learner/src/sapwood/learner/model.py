@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sapwood.learner.batch import FlatBatch, TreeBatch
+from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import LearnerConfig, OptimConfig
 from sapwood.learner.errors import ConfigError
+from sapwood.learner.flat import FlatBatch
 from sapwood.learner.losses import metric_floats
 
 __all__ = [

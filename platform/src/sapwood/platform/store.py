@@ -14,12 +14,12 @@ from sapwood.platform.errors import ConflictError, StoreError
 from sapwood.platform.events import Event
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.projection import projection_hash, rebuild_projections
+from sapwood.platform.storage.backends import transactions, tree_reader
 from sapwood.platform.storage.calls import output_digests
 from sapwood.platform.storage.engines import make_engine
 from sapwood.platform.storage.errors import lost_write_race, translate_errors
-from sapwood.platform.storage.spans import call_input, load_spans
+from sapwood.platform.storage.spans import load_spans
 from sapwood.platform.storage.store_stats import finished_executions, store_counts
-from sapwood.platform.storage.transactions import transactions
 from sapwood.platform.tokens import FloatArray, TokenArray, unpack_logprobs, unpack_tokens
 
 
@@ -115,7 +115,7 @@ class Store:
     def reconstruct_input(self, call_id: str) -> TokenArray:
         """The exact input ids of model call ``call_id``, rebuilt from the tree."""
         with self.transaction() as conn:
-            ids, recorded = call_input(conn, call_id)
+            ids, recorded = tree_reader(conn).call_input(conn, call_id)
         if ids.size != recorded:
             raise StoreError(f"call {call_id}: reconstructed {ids.size} tokens, recorded {recorded}")
         return ids

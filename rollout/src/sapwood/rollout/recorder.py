@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import numpy as np
 
@@ -60,9 +60,6 @@ HEADER_ALLOWANCE = 64 * 1024
 #: A node id, or an event that created one (call → its output, observation/prompt → its node,
 #: segment boundary → the new segment's root).
 NodeRef = str | Event
-
-if TYPE_CHECKING:
-    from sapwood.rollout.prompts import PromptClient, PromptLease
 
 
 class Recorder:
@@ -107,11 +104,6 @@ class Recorder:
         if prompt is not None:
             ex.prompt(prompt, source="prompt")
         return ex
-
-    def claim_prompt(self, prompts: PromptClient) -> PromptLease | None:
-        """Claim the next prompt sample of ``prompts``' run under a lease (None when none is available);
-        :meth:`PromptLease.start` then starts its execution on this recorder."""
-        return prompts.claim(self)
 
     # -- delivery failures --------------------------------------------------------------------------
     def _note_failures(self, exc: DeliveryError) -> None:

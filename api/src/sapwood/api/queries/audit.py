@@ -14,8 +14,8 @@ from sapwood.api.cursors import Cursors
 from sapwood.api.tokenizer import Tokenizer, per_token_text
 from sapwood.platform.span_encoding import decode_span
 from sapwood.platform.storage import calls as call_reads
+from sapwood.platform.storage.backends import tree_reader
 from sapwood.platform.storage.calls import CALL_NAMES
-from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.tokens import TOKEN_DTYPE, digest_bytes, unpack_logprobs, unpack_tokens
 from sapwood.platform.tree import ROLE_NAMES
 

@@ -10,7 +10,7 @@ from sapwood.api.cursors import Cursors, check_uuid
 from sapwood.api.queries.trees import execution_out
 from sapwood.platform import runs as platform_runs
 from sapwood.platform.errors import UnknownParentError
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.execution_filter import ExecutionFilter
 from sapwood.platform.storage import executions as reads
 
 

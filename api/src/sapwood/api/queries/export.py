@@ -23,10 +23,10 @@ import pyarrow.parquet as pq
 from sqlalchemy.engine import Connection, Engine
 
 from sapwood.api.queries.trees import TRAINABLE, TreeNode, load_nodes, reward_fields
-from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.execution_filter import ExecutionFilter
+from sapwood.platform.storage.backends import tree_reader
 from sapwood.platform.storage.errors import translate_errors
 from sapwood.platform.storage.executions import executions_page
-from sapwood.platform.storage.trees import tree_reader
 from sapwood.platform.tokens import LOGPROB_DTYPE, TOKEN_DTYPE
 from sapwood.platform.tree import ROLE_NAMES
 

@@ -17,7 +17,8 @@ from sqlalchemy.engine import Connection
 
 from sapwood.api.cache import LRU
 from sapwood.platform.storage import executions as execution_reads
-from sapwood.platform.storage.trees import PageSlice, PathNode, TreeNode, tree_reader
+from sapwood.platform.storage.backends import tree_reader
+from sapwood.platform.storage.trees import PageSlice, PathNode, TreeNode
 from sapwood.platform.tree import ROLE_NAMES, TRAINABLE_ROLES, resolve_reward
 
 ROLE = ROLE_NAMES

@@ -4,8 +4,8 @@ Each event is checked against the stored state plus the effects of the batch's e
 in-memory overlay): static validation, batch-wide array figures, per-execution order, then its
 handler (:mod:`.handlers`), which looks everything up and verifies it before recording its nodes,
 spans and rows — so a rejected event leaves no trace. Nothing here knows tables or dialects: reads
-go through a :class:`~sapwood.platform.storage.recorder.StoredState`, and :meth:`BatchPlanner.writes`
-hands the result to a recorder.
+go through a :class:`~sapwood.platform.planner.ports.StoredState`, and :meth:`BatchPlanner.writes`
+hands the result to an applier.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from sapwood.platform.events import Event
 from sapwood.platform.planner.cells import CellEffects
 from sapwood.platform.planner.executions import ExecutionLedger, count_node
 from sapwood.platform.planner.handlers import Overrides, handler_for
+from sapwood.platform.planner.ports import PlannedWrites, Row, SpanSink, StoredState
 from sapwood.platform.planner.results import ContextCache, Hasher
 from sapwood.platform.planner.span_effects import Refs, SpanEffects
 from sapwood.platform.planner.tree_effects import TreeEffects
 from sapwood.platform.replays import content_digest
-from sapwood.platform.storage.recorder import PlannedWrites, Row, SpanSink, StoredState
 from sapwood.platform.tokens import id_limit
 from sapwood.platform.tree import NodeRecord, Role
 
@@ -32,7 +32,7 @@ class BatchPlanner:
     """Validated effects of a batch, not yet written.
 
     ``replay``: the events are stored already (a rebuild); only projections are planned. ``sink``:
-    where new spans go as soon as their event is planned (else the recorder writes them at the end).
+    where new spans go as soon as their event is planned (else the applier writes them at the end).
     """
 
     def __init__(self, state: StoredState, cache: ContextCache | None, *, replay: bool,
@@ -135,7 +135,7 @@ class BatchPlanner:
 
     # -- the plan ---------------------------------------------------------------------------------------
     def writes(self) -> PlannedWrites:
-        """Everything the batch planned, for a recorder to write."""
+        """Everything the batch planned, for an applier to write."""
         cells = self.cells
         return PlannedWrites(
             replay=self.replay,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.events import CellHeartbeat, CellRegistered, Event, RoleAssigned, SwitchPhase
-from sapwood.platform.storage.recorder import Row, StoredState
+from sapwood.platform.planner.ports import Row, StoredState
 
 
 class CellEffects:

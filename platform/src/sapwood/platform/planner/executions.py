@@ -1,7 +1,7 @@
 """Per-execution state of a planned batch: order (``seq``), status and the counters of ``executions``.
 
 Each execution the batch touches is one ``executions`` row (column → value), loaded once and then
-updated in memory event by event; the recorder inserts the new rows and updates the others.
+updated in memory event by event; the applier inserts the new rows and updates the others.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from sapwood.platform.errors import ConflictError, SequenceError, UnknownParentError
 from sapwood.platform.events import Event, ExecutionStarted, PartialScore
-from sapwood.platform.storage.recorder import Row, StoredState
+from sapwood.platform.planner.ports import Row, StoredState
 
 #: Counters a new execution starts at 0.
 COUNTERS = ("n_nodes", "n_tokens", "n_input_tokens", "n_output_tokens", "n_calls", "n_forks")

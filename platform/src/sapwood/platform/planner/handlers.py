@@ -2,17 +2,17 @@
 
 Handlers are dispatched on the event's class with :func:`functools.singledispatch`
 (:func:`plan_event`); :func:`handler_for` resolves a class's handler once and refuses a class no
-handler is registered for. A handler gets the event, the :class:`~.batch.BatchPlanner`, the row of
-the event's execution (None for events outside executions and for ``execution_started``) and the
-event's array references to fill (:data:`~.span_effects.Refs`); it returns overrides of the stored
-event body (or None). Every check runs before the first effect.
+handler is registered for. A handler gets the event, the batch's :class:`Planning` (the
+:class:`~.batch.BatchPlanner`), the row of the event's execution (None for events outside executions
+and for ``execution_started``) and the event's array references to fill (:data:`~.span_effects.Refs`);
+it returns overrides of the stored event body (or None). Every check runs before the first effect.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,24 +34,45 @@ from sapwood.platform.events import (
     SwitchPhase,
 )
 from sapwood.platform.planner import cells
-from sapwood.platform.planner.executions import count_call
-from sapwood.platform.planner.span_effects import Refs
-from sapwood.platform.planner.tree_effects import root_state
-from sapwood.platform.storage.recorder import Row
+from sapwood.platform.planner.cells import CellEffects
+from sapwood.platform.planner.executions import ExecutionLedger, count_call
+from sapwood.platform.planner.ports import Row, StoredState
+from sapwood.platform.planner.results import Hasher
+from sapwood.platform.planner.span_effects import Refs, SpanEffects
+from sapwood.platform.planner.tree_effects import TreeEffects, root_state
 from sapwood.platform.tree import ROLE_NAMES, NodeRecord, Role
 
-if TYPE_CHECKING:
-    from sapwood.platform.planner.batch import BatchPlanner
+
+class Planning(Protocol):
+    """What a handler reads and adds to: the batch planner's effects (:class:`~.batch.BatchPlanner` is one)."""
+
+    state: StoredState
+    spans: SpanEffects
+    tree: TreeEffects
+    executions: ExecutionLedger
+    cells: CellEffects
+    calls: list[Row]
+    segments: list[Row]
+    scores: list[Row]
+    policy_versions: list[Row]
+    policy_keys: set[tuple[str, int]]
+
+    def add_node(self, event: Event, st: Row, refs: Refs, *, node_id: str, parent: NodeRecord | None, role: Role,
+                 name: str, tokens: np.ndarray, state: Hasher, segment: int | None = None,
+                 prev_segment_node: str | None = None, call_id: str | None = None,
+                 policy_version: int | None = None) -> NodeRecord:
+        """Record a node of ``tokens`` and count it in execution row ``st``."""
+        ...
 
 Overrides = dict[str, Any] | None
 """Values replacing fields of the stored event body (None: the event's own fields)."""
 
-Handler = Callable[[Any, "BatchPlanner", Row | None, Refs], Overrides]
+Handler = Callable[[Any, Planning, Row | None, Refs], Overrides]
 """``handler(event, planner, execution row or None, refs)`` → overrides of the stored body."""
 
 
 @functools.singledispatch
-def plan_event(event: Event, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def plan_event(event: Event, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     """Check ``event`` and record its effects in ``plan`` (dispatched on the event's class)."""
     raise _unknown(type(event))
 
@@ -82,13 +103,13 @@ def _scoped(st: Row | None) -> Row:
 
 
 @plan_event.register(ExecutionStarted)
-def _started(e: ExecutionStarted, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _started(e: ExecutionStarted, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     plan.executions.start(e)
     return None
 
 
 @plan_event.register(Prompt)
-def _prompt(e: Prompt, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _prompt(e: Prompt, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     st = _scoped(st)
     tree = plan.tree
     parent = tree.node(e.parent, st["execution_id"], "prompt parent") if e.parent else None
@@ -101,7 +122,7 @@ def _prompt(e: Prompt, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overri
 
 
 @plan_event.register(Observation)
-def _observation(e: Observation, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _observation(e: Observation, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     st = _scoped(st)
     tree = plan.tree
     parent = tree.node(e.parent, st["execution_id"], "observation parent")
@@ -113,7 +134,7 @@ def _observation(e: Observation, plan: BatchPlanner, st: Row | None, refs: Refs)
 
 
 @plan_event.register(ModelCall)
-def _call(e: ModelCall, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _call(e: ModelCall, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     st = _scoped(st)
     exec_id: str = st["execution_id"]
     tree = plan.tree
@@ -183,7 +204,7 @@ def _call(e: ModelCall, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overr
 
 
 @plan_event.register(Fork)
-def _fork(e: Fork, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _fork(e: Fork, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     st = _scoped(st)
     plan.tree.node(e.at_node, st["execution_id"], "fork point")
     plan.tree.update(e.at_node, {"fork_branches": e.branches})
@@ -192,7 +213,7 @@ def _fork(e: Fork, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
 
 
 @plan_event.register(SegmentBoundary)
-def _segment(e: SegmentBoundary, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _segment(e: SegmentBoundary, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     st = _scoped(st)
     src = plan.tree.node(e.from_node, st["execution_id"], "segment_boundary.from_node")
     if src.role != Role.SUMMARY:
@@ -213,7 +234,7 @@ def _segment(e: SegmentBoundary, plan: BatchPlanner, st: Row | None, refs: Refs)
 
 
 @plan_event.register(ExecutionFinished)
-def _finished(e: ExecutionFinished, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _finished(e: ExecutionFinished, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     st = _scoped(st)
     for node_id in e.leaf_rewards:
         plan.tree.node(node_id, st["execution_id"], "leaf_rewards key")
@@ -223,7 +244,7 @@ def _finished(e: ExecutionFinished, plan: BatchPlanner, st: Row | None, refs: Re
 
 
 @plan_event.register(PartialScore)
-def _score(e: PartialScore, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _score(e: PartialScore, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     st = _scoped(st)
     expected = 0 if st["score_revision"] is None else st["score_revision"] + 1
     if e.revision != expected:
@@ -239,7 +260,7 @@ def _score(e: PartialScore, plan: BatchPlanner, st: Row | None, refs: Refs) -> O
 
 
 @plan_event.register(PolicyPublished)
-def _policy(e: PolicyPublished, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+def _policy(e: PolicyPublished, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
     key = (e.run_id, e.version)
     if key in plan.policy_keys or plan.state.policy_version_exists(e.run_id, e.version):
         raise ConflictError(f"policy version {e.version} of run {e.run_id} was already published")
@@ -253,7 +274,7 @@ def _policy(e: PolicyPublished, plan: BatchPlanner, st: Row | None, refs: Refs) 
 def _cell_handler(effect: Callable[[cells.CellEffects, Any], None]) -> Handler:
     """A handler running ``effect`` (a function of :mod:`.cells`) on the planner's cell effects."""
 
-    def handle(e: Event, plan: BatchPlanner, st: Row | None, refs: Refs) -> Overrides:
+    def handle(e: Event, plan: Planning, st: Row | None, refs: Refs) -> Overrides:
         effect(plan.cells, e)
         return None
 
@@ -265,4 +286,4 @@ for _cls, _effect in ((CellRegistered, cells.registered), (CellHeartbeat, cells.
     plan_event.register(_cls, _cell_handler(_effect))
 
 
-__all__ = ["Handler", "Overrides", "handler_for", "plan_event"]
+__all__ = ["Handler", "Overrides", "Planning", "handler_for", "plan_event"]

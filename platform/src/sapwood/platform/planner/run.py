@@ -1,7 +1,7 @@
-"""One batch through apply: drop duplicates, plan every event, let the recorder write the plan, time each phase.
+"""One batch through apply: drop duplicates, plan every event, let the applier write the plan, time each phase.
 
-Dialect-free: the recorder that calls :func:`apply_batch` passes its
-:class:`~sapwood.platform.storage.recorder.StoredState`, a way to open its span sink (if it streams
+Dialect-free: :func:`sapwood.platform.apply.apply_events` passes a storage applier's
+:class:`~sapwood.platform.planner.ports.StoredState`, a way to open its span sink (if it streams
 spans while the batch is planned) and its write step.
 """
 
@@ -13,12 +13,12 @@ from sapwood.platform.errors import ConflictError, ValidationError
 from sapwood.platform.events import Event
 from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.planner.batch import BatchPlanner
+from sapwood.platform.planner.ports import PlannedWrites, SpanSink, StoredState
 from sapwood.platform.planner.results import ApplyResult, ContextCache, Rejected
 from sapwood.platform.replays import content_digest, replay_conflict, same_batch_conflict
-from sapwood.platform.storage.recorder import PlannedWrites, SpanSink, StoredState
 
 Write = Callable[[PlannedWrites, PhaseTimer], None]
-"""A recorder's write step: store the planned rows, crediting its phases (``spans``, ``payloads``,
+"""An applier's write step: store the planned rows, crediting its phases (``spans``, ``payloads``,
 ``store``) to the timer."""
 
 
@@ -33,13 +33,13 @@ def apply_batch(
     replay: bool = False,
     timer: PhaseTimer | None = None,
 ) -> ApplyResult:
-    """Validate and apply ``events`` (in order) through a recorder's ``state`` and ``write``.
+    """Validate and apply ``events`` (in order) through an applier's ``state`` and ``write``.
 
     ``strict``: raise on the first invalid event (nothing written); otherwise collect invalid
     events in ``ApplyResult.rejected`` and apply the others. ``replay``: re-derive projections
     from events already stored (no event/span writes, no duplicate check) — used by rebuilds.
     ``open_sink``: opens where new spans stream while the batch is planned (called only when there
-    is something to plan and store; None from it: the recorder writes the spans with the rest).
+    is something to plan and store; None from it: the applier writes the spans with the rest).
     Phases: ``lookups``, ``digests``, ``plan`` here, the rest in ``write``.
     """
     result = ApplyResult()

@@ -13,7 +13,7 @@ import numpy as np
 
 from sapwood.platform.array_stats import ArrayStats, batch_stats
 from sapwood.platform.events import Event
-from sapwood.platform.storage.recorder import SpanSink, StoredState
+from sapwood.platform.planner.ports import SpanSink, StoredState
 from sapwood.platform.tokens import digest_bytes
 
 Refs = dict[str, list[Any]]
@@ -25,7 +25,7 @@ class SpanEffects:
 
     def __init__(self, state: StoredState, sink: SpanSink | None) -> None:
         self._state = state
-        #: Where spans not stored yet go as soon as their event is planned; None: the recorder writes
+        #: Where spans not stored yet go as soon as their event is planned; None: the applier writes
         #: :attr:`spans` at the end.
         self.sink = sink
         #: Batch-wide array figures (and digests) from :meth:`prepare` (empty until then).

@@ -15,9 +15,9 @@ import numpy as np
 
 from sapwood.platform.errors import ConflictError, UnknownParentError
 from sapwood.platform.events import Event
+from sapwood.platform.planner.ports import ChildNode, Row, StoredState
 from sapwood.platform.planner.results import ContextCache, Hasher
 from sapwood.platform.planner.span_effects import Refs, SpanEffects
-from sapwood.platform.storage.recorder import ChildNode, Row, StoredState
 from sapwood.platform.tokens import digest_bytes, input_hasher, pack
 from sapwood.platform.tree import NodeRecord, Role, logical_parent, match_prefix
 

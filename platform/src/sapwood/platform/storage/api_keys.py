@@ -12,10 +12,9 @@ from abc import abstractmethod
 from typing import Any, Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.storage.dialects import for_dialect
 
 _k = t.api_keys.c
 
@@ -67,11 +66,3 @@ class SqlApiKeyStore(ApiKeyStore):
 
     def revoke(self, conn: Connection, key_id: str) -> None:
         conn.execute(t.api_keys.update().where(_k.key_id == key_id).values(revoked=True))
-
-
-def api_key_store(dialect: str | Engine | Connection) -> ApiKeyStore:
-    """The key store for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
-    from sapwood.platform.storage.postgres.api_keys import PostgresApiKeyStore
-    from sapwood.platform.storage.sqlite.api_keys import SQLiteApiKeyStore
-
-    return for_dialect(dialect, "API key store", sqlite=SQLiteApiKeyStore, postgresql=PostgresApiKeyStore)

@@ -6,16 +6,15 @@ SQLite, whose writers hold the database lock anyway). Callers own the transactio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
-
-if TYPE_CHECKING:
-    from sapwood.platform.runs import ExecutionFilter
+from sapwood.platform.execution_filter import ExecutionFilter
+from sapwood.platform.storage.runs_sql import execution_condition
 
 _e = t.executions.c
 _s = t.scores.c
@@ -43,7 +42,7 @@ def executions_page(conn: Connection, flt: ExecutionFilter, *, after: tuple[floa
                     order: Literal["asc", "desc"] = "asc") -> list[RowMapping]:
     """Up to ``limit`` executions matching ``flt`` after ``(started_at, execution_id)`` in ``order`` (rows as
     read-only mappings: copy one to change it)."""
-    q = sa.select(t.executions).where(flt.where())
+    q = sa.select(t.executions).where(execution_condition(flt))
     if after is not None:
         started, eid = after
         if order == "desc":

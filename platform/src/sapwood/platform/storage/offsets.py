@@ -13,16 +13,14 @@ through ``translate_errors``). Implementations: :mod:`.sqlite.offsets` (portable
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError
-from sapwood.platform.storage.dialects import dialect_name, for_dialect
 
 
 class StaleOffsetError(ConflictError):
@@ -56,20 +54,6 @@ class OffsetStore(Protocol):
         ...
 
 
-def offset_store(dialect: str | Engine | Connection) -> OffsetStore:
-    """The offset store for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
-    return _offset_store(dialect_name(dialect))
-
-
-@functools.cache
-def _offset_store(name: str) -> OffsetStore:
-    """One (stateless) implementation per dialect: ingest asks for it on every batch."""
-    from sapwood.platform.storage.postgres.offsets import PostgresOffsetStore
-    from sapwood.platform.storage.sqlite.offsets import SqliteOffsetStore
-
-    return for_dialect(name, "offset store", sqlite=SqliteOffsetStore, postgresql=PostgresOffsetStore)
-
-
 def all_offsets(conn: Connection) -> list[dict[str, Any]]:
     """``{group_id, topic, partition, next_offset}`` of every committed consumer offset, ordered."""
     c = t.consumer_offsets.c
@@ -78,4 +62,4 @@ def all_offsets(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
-__all__ = ["OffsetStore", "StaleOffsetError", "all_offsets", "offset_store"]
+__all__ = ["OffsetStore", "StaleOffsetError", "all_offsets"]

@@ -200,7 +200,7 @@ class PromptQueue:
 
 def prompt_queue(conn: Connection) -> PromptQueue:
     """The prompt queue for ``conn``'s dialect."""
-    from sapwood.platform.storage.runs import run_queue
+    from sapwood.platform.storage.backends import run_queue
 
     runs = run_queue(conn)
     assert isinstance(runs, SqlRunQueue)

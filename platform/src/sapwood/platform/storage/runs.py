@@ -22,16 +22,14 @@ conditional update decides each claim) or :mod:`.postgres.runs` (``FOR UPDATE SK
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from sapwood.platform.events.base import FINISH_STATUSES
-from sapwood.platform.storage.dialects import dialect_name, for_dialect
 
 if TYPE_CHECKING:
-    from sapwood.platform.runs import ExecutionFilter
+    from sapwood.platform.execution_filter import ExecutionFilter
 
 #: Execution statuses a run queues (a running execution is not trainable yet).
 FINISHED = FINISH_STATUSES
@@ -81,17 +79,3 @@ class RunQueue(Protocol):
     def progress(self, conn: Connection, run_id: str) -> dict[str, int]:
         """Items per state: ``{"pending": n, "claimed": n, "done": n}``."""
         ...
-
-
-def run_queue(dialect: str | Engine | Connection) -> RunQueue:
-    """The run queue for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
-    return _run_queue(dialect_name(dialect))
-
-
-@functools.cache
-def _run_queue(name: str) -> RunQueue:
-    """One (stateless) implementation per dialect: claims call this on every batch."""
-    from sapwood.platform.storage.postgres.runs import PostgresRunQueue
-    from sapwood.platform.storage.sqlite.runs import SQLiteRunQueue
-
-    return for_dialect(name, "run queue", sqlite=SQLiteRunQueue, postgresql=PostgresRunQueue)

@@ -23,7 +23,7 @@ from sapwood.platform.storage.leases import LeaseQueue
 from sapwood.platform.storage.runs import FINISHED, RunKind, RunQueue
 
 if TYPE_CHECKING:
-    from sapwood.platform.runs import ExecutionFilter
+    from sapwood.platform.execution_filter import ExecutionFilter
 
 _ri = t.run_items.c
 _e = t.executions.c

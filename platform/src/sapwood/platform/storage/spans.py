@@ -19,8 +19,6 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform.storage.dialects import for_dialect
 from sapwood.platform.storage.spans_sql import load_spans as load_spans  # re-exported: the one span read
-from sapwood.platform.storage.trees import tree_reader
-from sapwood.platform.tokens import TokenArray
 
 
 def existing_digests(conn: Connection, digests: Iterable[bytes]) -> set[bytes]:
@@ -44,12 +42,3 @@ def _span_writes(conn: Connection) -> ModuleType:
 
     return for_dialect(conn, "span store", sqlite=lambda: sqlite_spans, postgresql=lambda: pg_spans)
 
-
-def path_tokens(conn: Connection, node_id: str) -> TokenArray:
-    """Tokens of the context that ends with node ``node_id`` (root → node), as int32 [L] (the tree reader's)."""
-    return tree_reader(conn).context_tokens(conn, node_id)
-
-
-def call_input(conn: Connection, call_id: str) -> tuple[TokenArray, int]:
-    """A model call's input ids [L] rebuilt from the tree, and the input length it recorded (one query)."""
-    return tree_reader(conn).call_input(conn, call_id)

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sqlalchemy.engine import Connection, Engine
-
-from sapwood.platform.storage.dialects import for_dialect
+from sqlalchemy.engine import Connection
 
 
 class Transactions(Protocol):
@@ -34,11 +32,3 @@ class Transactions(Protocol):
         """Called first in the transaction that upgrades the schema: wait until no other process is
         migrating, so processes started at once on an empty database do not race on the DDL."""
         ...
-
-
-def transactions(dialect: str | Engine | Connection) -> Transactions:
-    """The transaction modes of ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one)."""
-    from sapwood.platform.storage.postgres.transactions import PostgresTransactions
-    from sapwood.platform.storage.sqlite.transactions import SQLiteTransactions
-
-    return for_dialect(dialect, "transaction modes", sqlite=SQLiteTransactions, postgresql=PostgresTransactions)

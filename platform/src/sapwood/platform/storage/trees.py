@@ -22,13 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
-from sapwood.platform.storage.dialects import dialect_name, for_dialect
 from sapwood.platform.tokens import TokenArray
 from sapwood.platform.tree import NodeRecord
 
@@ -173,19 +171,3 @@ class TreeReader(Protocol):
     def batch_rows(self, conn: Connection, execution_ids: Sequence[str]) -> BatchRows:
         """Executions, nodes and log-prob digests of ``execution_ids`` (ids not stored are absent)."""
         ...
-
-
-@cache
-def _reader(name: str) -> TreeReader:
-    from sapwood.platform.storage.postgres.trees import PostgresTreeReader
-    from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader
-
-    return for_dialect(name, "tree reader", sqlite=SQLiteTreeReader, postgresql=PostgresTreeReader)
-
-
-def tree_reader(dialect: str | Engine | Connection) -> TreeReader:
-    """The tree reader for ``dialect`` (``"sqlite"``, ``"postgresql"``, or an engine / connection of one).
-
-    One instance per dialect: its statements are built once.
-    """
-    return _reader(dialect_name(dialect))

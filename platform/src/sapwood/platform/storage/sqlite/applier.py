@@ -1,4 +1,4 @@
-"""The SQLite event recorder: plan the batch (portable look-ups), then plain multi-row ``INSERT`` statements.
+"""The SQLite event applier: plan the batch (portable look-ups), then plain multi-row ``INSERT`` statements.
 
 SQLite runs in-process, so nothing overlaps: new spans are written after planning with
 ``INSERT OR IGNORE`` (a span another batch stored meanwhile is simply kept), then every table's rows.
@@ -7,13 +7,13 @@ SQLite runs in-process, so nothing overlaps: new spans are written after plannin
 from __future__ import annotations
 
 from sapwood.platform.phase_timer import PhaseTimer
-from sapwood.platform.storage.recorder import PlannedWrites
-from sapwood.platform.storage.recorder_sql import SqlRecorder, insert_rows, write_updates
+from sapwood.platform.planner.ports import PlannedWrites
+from sapwood.platform.storage.applier_sql import SqlApplier, insert_rows, write_updates
 from sapwood.platform.storage.sqlite.spans import insert_span_rows, new_span_rows
 
 
-class SqliteRecorder(SqlRecorder):
-    """:class:`~sapwood.platform.storage.recorder.EventRecorder` on a SQLite connection."""
+class SqliteApplier(SqlApplier):
+    """:class:`~sapwood.platform.storage.applier.EventApplier` on a SQLite connection."""
 
     def write(self, writes: PlannedWrites, timer: PhaseTimer) -> None:
         conn = self.conn
@@ -27,4 +27,4 @@ class SqliteRecorder(SqlRecorder):
         timer.lap("store")
 
 
-__all__ = ["SqliteRecorder"]
+__all__ = ["SqliteApplier"]

@@ -1,9 +1,9 @@
-"""The event recorder contract, run against the SQLite and the PostgreSQL recorder.
+"""The event applier contract, run against the SQLite and the PostgreSQL applier.
 
-What every :class:`~sapwood.platform.storage.recorder.EventRecorder` must do: apply a batch in the
+What every :class:`~sapwood.platform.storage.applier.EventApplier` must do: apply a batch in the
 caller's transaction (all of it or, strict, nothing), skip exact replays, reject bad events without a
 trace, credit every phase to the timer passed in, and answer the planner's look-ups
-(:class:`~sapwood.platform.storage.recorder.StoredState`) with what it stored. Both dialects store the
+(:class:`~sapwood.platform.planner.ports.StoredState`) with what it stored. Both dialects store the
 same projections for the same events.
 """
 
@@ -16,13 +16,14 @@ import pytest
 import sqlalchemy as sa
 
 from sapwood.platform import schema as t
+from sapwood.platform.apply import apply_events
 from sapwood.platform.errors import DigestMismatchError
 from sapwood.platform.events import CellRegistered, ModelCall, PolicyPublished, SegmentBoundary
 from sapwood.platform.phase_timer import PhaseTimer
-from sapwood.platform.storage.postgres.recorder import PostgresRecorder
-from sapwood.platform.storage.recorder import EventRecorder
-from sapwood.platform.storage.recorders import event_recorder
-from sapwood.platform.storage.sqlite.recorder import SqliteRecorder
+from sapwood.platform.storage.applier import EventApplier
+from sapwood.platform.storage.backends import event_applier
+from sapwood.platform.storage.postgres.applier import PostgresApplier
+from sapwood.platform.storage.sqlite.applier import SqliteApplier
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import digest_bytes
 from sapwood.platform.tree import Role
@@ -37,17 +38,17 @@ def _counts(store: Store) -> dict[str, int]:
                 for tb in (t.events, t.spans, t.nodes, t.calls, t.executions, t.segments)}
 
 
-def test_recorder_for_picks_the_dialects_recorder(store: Store) -> None:
+def test_event_applier_picks_the_dialects_applier(store: Store) -> None:
     with store.transaction() as conn:
-        recorder: EventRecorder = event_recorder(conn)
-    assert type(recorder) is {"sqlite": SqliteRecorder, "postgresql": PostgresRecorder}[store.dialect]
+        applier: EventApplier = event_applier(conn)
+    assert type(applier) is {"sqlite": SqliteApplier, "postgresql": PostgresApplier}[store.dialect]
 
 
 def test_a_batch_lands_whole_and_a_replay_changes_nothing(store: Store) -> None:
     w = small_execution(41)
     timer = PhaseTimer()
     with store.transaction() as conn:
-        first = event_recorder(conn).apply(w.events, timer=timer)
+        first = apply_events(conn, w.events, timer=timer)
     assert len(first.applied) == len(w.events)
     assert first.duplicates == 0
     assert not first.rejected
@@ -58,7 +59,7 @@ def test_a_batch_lands_whole_and_a_replay_changes_nothing(store: Store) -> None:
     assert counts["segments"] == sum(isinstance(e, SegmentBoundary) for e in w.events) == 2
     hashed = store.projection_hash()
     with store.transaction() as conn:
-        again = event_recorder(conn).apply(w.events, timer=timer)
+        again = apply_events(conn, w.events, timer=timer)
     assert (again.applied, again.duplicates, again.rejected) == ([], len(w.events), [])
     assert _counts(store) == counts
     assert store.projection_hash() == hashed
@@ -78,10 +79,10 @@ def test_strict_failure_writes_nothing_and_lenient_rejects_only_the_bad_event(st
     bad.input_digest = "0" * 32
     before = _counts(store)
     with pytest.raises(DigestMismatchError), store.transaction() as conn:
-        event_recorder(conn).apply(w.events)
+        apply_events(conn, w.events)
     assert _counts(store) == before
     with store.transaction() as conn:
-        result = event_recorder(conn).apply(w.events, strict=False)
+        result = apply_events(conn, w.events, strict=False)
     assert [r.event for r in result.rejected] == [e for e in w.events[last_call:] if e.seq is not None
                                                   and e.seq >= bad.seq]  # its successors break the order
     assert result.applied == w.events[:last_call]
@@ -91,17 +92,16 @@ def test_strict_failure_writes_nothing_and_lenient_rejects_only_the_bad_event(st
         assert conn.execute(sa.select(t.calls).where(t.calls.c.call_id == bad.event_id)).first() is None
 
 
-def test_stored_state_answers_what_the_recorder_stored(store: Store) -> None:
+def test_stored_state_answers_what_the_applier_stored(store: Store) -> None:
     w = small_execution(43)
     policy = PolicyPublished(run_id="run-contract", version=3, checkpoint="ckpt/3")
     with store.transaction() as conn:
-        recorder = event_recorder(conn)
-        recorder.apply([*w.events, policy])
+        apply_events(conn, [*w.events, policy])
     calls = [e for e in w.events if isinstance(e, ModelCall)]
     execution_id = calls[0].execution_id
     assert execution_id is not None
     with store.transaction() as conn:
-        state = event_recorder(conn).stored_state()
+        state = event_applier(conn).stored_state()
         prior = state.prior_events([calls[0].event_id, policy.event_id, "00000000-0000-4000-8000-000000000000"])
         assert set(prior) == {calls[0].event_id, policy.event_id}
         assert prior[calls[0].event_id][:3] == (calls[0].execution_id, calls[0].seq, "model_call")
@@ -131,12 +131,12 @@ def test_stored_state_answers_what_the_recorder_stored(store: Store) -> None:
         assert state.cell("no-such-cell") is None
 
 
-def test_cells_go_through_the_recorder(store: Store) -> None:
+def test_cells_go_through_the_applier(store: Store) -> None:
     cell = CellRegistered(cell_id="cell-7", tier="core", capacity=8)
     with store.transaction() as conn:
-        event_recorder(conn).apply([cell])
+        apply_events(conn, [cell])
     with store.transaction() as conn:
-        row = event_recorder(conn).stored_state().cell("cell-7")
+        row = event_applier(conn).stored_state().cell("cell-7")
     assert row is not None
     assert (row["tier"], row["capacity"], row["role"]) == ("core", 8, "idle")
 
@@ -148,9 +148,9 @@ def test_both_dialects_store_the_same_projections(tmp_path: Path, pg_url: str) -
     for url in (f"sqlite:///{tmp_path / 'store.db'}", pg_url):
         store = Store.open(url)
         with store.transaction() as conn:
-            event_recorder(conn).apply(w.events[: len(w.events) // 2])
+            apply_events(conn, w.events[: len(w.events) // 2])
         with store.transaction() as conn:
-            event_recorder(conn).apply(w.events[len(w.events) // 2 :])
+            apply_events(conn, w.events[len(w.events) // 2 :])
         hashes.append(store.projection_hash())
         store.close()
     assert hashes[0] == hashes[1]

@@ -1,4 +1,4 @@
-"""The PostgreSQL event recorder: look-ups by one ``uuid[]`` literal, spans streamed while planning, COPY writes.
+"""The PostgreSQL event applier: look-ups by one ``uuid[]`` literal, spans streamed while planning, COPY writes.
 
 * Reads: a batch's events and nodes are looked up with one ``uuid[]`` literal each (no bind per
   id); its executions are locked ``FOR UPDATE``, so concurrent writers of one execution serialise.
@@ -23,7 +23,18 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
 from sapwood.platform.phase_timer import PhaseTimer
+from sapwood.platform.planner.ports import PlannedWrites, Row
 from sapwood.platform.replays import Prior
+from sapwood.platform.storage.applier_sql import (
+    EVENT_KEYS,
+    NODE_FIELDS,
+    SqlApplier,
+    SqlStoredState,
+    insert_rows,
+    node_record,
+    prior,
+    write_updates,
+)
 from sapwood.platform.storage.postgres.bulkcopy import (
     COPY_MIN_ROWS,
     Payload,
@@ -34,17 +45,7 @@ from sapwood.platform.storage.postgres.bulkcopy import (
 from sapwood.platform.storage.postgres.span_stream import SpanStream
 from sapwood.platform.storage.postgres.spans import new_span_rows
 from sapwood.platform.storage.postgres.uuids import uuid_array_literal, uuid_in
-from sapwood.platform.storage.recorder import PlannedWrites, Row
-from sapwood.platform.storage.recorder_sql import (
-    EVENT_KEYS,
-    NODE_FIELDS,
-    SqlRecorder,
-    SqlStoredState,
-    insert_rows,
-    node_record,
-    prior,
-    write_updates,
-)
+from sapwood.platform.storage.trees import TreeReader
 from sapwood.platform.tree import NodeRecord
 
 # Look-ups every batch runs, built once (the ids go as one uuid[] literal).
@@ -55,8 +56,8 @@ _EVENTS_BY_ID = EVENT_KEYS.where(uuid_in(t.events.c.event_id, "ids"))
 class PostgresStoredState(SqlStoredState):
     """The planner's reads on PostgreSQL; every query first ends the batch's open span COPY, if any."""
 
-    def __init__(self, conn: Connection) -> None:
-        super().__init__(conn)
+    def __init__(self, conn: Connection, trees: TreeReader) -> None:
+        super().__init__(conn, trees)
         #: The batch's span stream once opened (queries pause it).
         self.stream: SpanStream | None = None
 
@@ -76,15 +77,15 @@ class PostgresStoredState(SqlStoredState):
         return [node_record(r) for r in self.db().execute(_NODES_BY_ID, {"ids": uuid_array_literal(node_ids)})]
 
 
-class PostgresRecorder(SqlRecorder):
-    """:class:`~sapwood.platform.storage.recorder.EventRecorder` on a PostgreSQL (psycopg 3) connection."""
+class PostgresApplier(SqlApplier):
+    """:class:`~sapwood.platform.storage.applier.EventApplier` on a PostgreSQL (psycopg 3) connection."""
 
-    def __init__(self, conn: Connection) -> None:
-        super().__init__(conn)
-        self._state = PostgresStoredState(conn)
+    def __init__(self, conn: Connection, trees: TreeReader) -> None:
+        super().__init__(conn, trees)
+        self._state = PostgresStoredState(conn, trees)
 
     def stored_state(self) -> PostgresStoredState:
-        self._state = PostgresStoredState(self.conn)
+        self._state = PostgresStoredState(self.conn, self.trees)
         return self._state
 
     def open_sink(self) -> SpanStream:
@@ -118,4 +119,4 @@ class PostgresRecorder(SqlRecorder):
         timer.lap("store", exclude=flushed_s + building)
 
 
-__all__ = ["PostgresRecorder", "PostgresStoredState"]
+__all__ = ["PostgresApplier", "PostgresStoredState"]

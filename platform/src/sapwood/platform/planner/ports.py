@@ -1,10 +1,9 @@
-"""The event recorder interface: apply a batch of events — plan it against the stored state, then write it.
+"""The planner's ports: what it reads of the store (:class:`StoredState`), where it streams new spans
+(:class:`SpanSink`) and the plan it returns (:class:`PlannedWrites`).
 
-The planner (:mod:`sapwood.platform.planner`) is dialect-free: it reads the store only through a
-:class:`StoredState`, streams new spans into an optional :class:`SpanSink`, and returns the rows to
-write as one :class:`PlannedWrites`. An :class:`EventRecorder` implementation per dialect
-(:mod:`.sqlite.recorder`, :mod:`.postgres.recorder`) supplies the first two and writes the third;
-:func:`sapwood.platform.storage.recorders.event_recorder` picks the one for a connection.
+The planner owns these types and depends on nothing below it; each storage dialect implements the two
+protocols (:mod:`sapwood.platform.storage.applier`) and writes the plan. :func:`sapwood.platform.apply.apply_events`
+connects the two.
 """
 
 from __future__ import annotations
@@ -16,9 +15,6 @@ from typing import Any, Protocol
 import numpy as np
 from sqlalchemy.engine import Connection
 
-from sapwood.platform.events import Event
-from sapwood.platform.phase_timer import PhaseTimer
-from sapwood.platform.planner.results import ApplyResult, ContextCache
 from sapwood.platform.replays import Prior
 from sapwood.platform.tokens import TokenArray
 from sapwood.platform.tree import NodeRecord
@@ -37,7 +33,7 @@ class PlannedWrites:
     Rows of ``events`` … ``policy_versions`` are inserted; ``node_updates`` (node id → column values)
     and ``touched_executions`` (whole rows) update rows stored before the batch; ``cells`` replace the
     cells ``replaced_cells`` names and add new ones. ``spans`` (digest → canonical int32 ids [n] or
-    float32 log-probs [n]) are every span the batch references; a recorder stores the ones not stored
+    float32 log-probs [n]) are every span the batch references; an applier stores the ones not stored
     yet (unless ``replay``, when spans and events are already stored and only projections are written)."""
 
     replay: bool = False
@@ -109,7 +105,7 @@ class StoredState(Protocol):
 
 
 class SpanSink(Protocol):
-    """Where new spans go as soon as their event is planned (a recorder that streams them)."""
+    """Where new spans go as soon as their event is planned (a storage applier that streams them)."""
 
     #: Seconds spent so far encoding, framing and sending spans (overlaps planning).
     seconds: float
@@ -124,17 +120,4 @@ class SpanSink(Protocol):
         ...
 
 
-class EventRecorder(Protocol):
-    """Applies batches of events in one connection's transaction (:func:`~sapwood.platform.apply.apply_events`)."""
-
-    def apply(self, events: Sequence[Event], *, cache: ContextCache | None = None, strict: bool = True,
-              replay: bool = False, timer: PhaseTimer | None = None) -> ApplyResult:
-        """Validate and apply ``events`` in order; ``timer`` receives the phase seconds (a fresh one if None)."""
-        ...
-
-    def stored_state(self) -> StoredState:
-        """The planner's reads of the store for one batch, on the recorder's connection."""
-        ...
-
-
-__all__ = ["ChildNode", "EventRecorder", "PlannedWrites", "Row", "SpanSink", "StoredState"]
+__all__ = ["ChildNode", "PlannedWrites", "Row", "SpanSink", "StoredState"]

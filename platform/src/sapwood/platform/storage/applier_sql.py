@@ -1,10 +1,10 @@
-"""What the SQLite and PostgreSQL event recorders share: the planner's reads, and the writes no COPY speeds up.
+"""What the SQLite and PostgreSQL event appliers share: the planner's reads, and the writes no COPY speeds up.
 
-:class:`SqlStoredState` answers :class:`~sapwood.platform.storage.recorder.StoredState` with
-SQLAlchemy Core; each dialect's recorder subclasses it for the id look-ups it does its own way
+:class:`SqlStoredState` answers :class:`~sapwood.platform.planner.ports.StoredState` with
+SQLAlchemy Core; each dialect's applier subclasses it for the id look-ups it does its own way
 (:meth:`~SqlStoredState.prior_events`, :meth:`~SqlStoredState.executions`,
 :meth:`~SqlStoredState.nodes`). The ``write_*`` functions are the update and cell steps both
-recorders run after their inserts.
+appliers run after their inserts.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.events import Event
 from sapwood.platform.phase_timer import PhaseTimer
-from sapwood.platform.planner.results import ApplyResult, ContextCache
-from sapwood.platform.planner.run import apply_batch
+from sapwood.platform.planner.ports import ChildNode, PlannedWrites, Row, SpanSink
 from sapwood.platform.replays import Prior
-from sapwood.platform.storage.recorder import ChildNode, PlannedWrites, Row, SpanSink
-from sapwood.platform.storage.spans import existing_digests, path_tokens
+from sapwood.platform.storage.spans import existing_digests
+from sapwood.platform.storage.trees import TreeReader
 from sapwood.platform.tokens import TokenArray
 from sapwood.platform.tree import NodeRecord, Role
 
@@ -53,8 +51,9 @@ def prior(r: Any) -> Prior:
 class SqlStoredState:
     """The planner's reads on ``conn``, in its transaction (portable SQL; subclasses specialise id look-ups)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, trees: TreeReader) -> None:
         self._conn = conn
+        self._trees = trees
 
     @property
     def conn(self) -> Connection:
@@ -88,7 +87,7 @@ class SqlStoredState:
         return [(r.node_id, bytes(r.span_digest), r.length) for r in self.db().execute(q)]
 
     def path_tokens(self, node_id: str) -> TokenArray:
-        return path_tokens(self.db(), node_id)
+        return self._trees.context_tokens(self.db(), node_id)
 
     def stored_spans(self, digests: Iterable[bytes]) -> set[bytes]:
         return existing_digests(self.db(), digests)
@@ -101,22 +100,18 @@ class SqlStoredState:
         return dict(found) if found is not None else None
 
 
-class SqlRecorder(ABC):
-    """An :class:`~sapwood.platform.storage.recorder.EventRecorder` on ``conn``: the planner
-    (:func:`~sapwood.platform.planner.run.apply_batch`) over a dialect's :meth:`stored_state`,
-    span sink (:meth:`open_sink`, none by default) and :meth:`write`."""
+class SqlApplier(ABC):
+    """An :class:`~sapwood.platform.storage.applier.EventApplier` on ``conn``: a dialect's
+    :meth:`stored_state`, span sink (:meth:`open_sink`, none by default) and :meth:`write`."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, trees: TreeReader) -> None:
         self.conn = conn
-
-    def apply(self, events: Sequence[Event], *, cache: ContextCache | None = None, strict: bool = True,
-              replay: bool = False, timer: PhaseTimer | None = None) -> ApplyResult:
-        return apply_batch(events, state=self.stored_state(), write=self.write, open_sink=self.open_sink, cache=cache,
-                           strict=strict, replay=replay, timer=timer)
+        #: The dialect's tree reader (the planner's path look-ups).
+        self.trees = trees
 
     def stored_state(self) -> SqlStoredState:
         """The planner's reads for one batch."""
-        return SqlStoredState(self.conn)
+        return SqlStoredState(self.conn, self.trees)
 
     def open_sink(self) -> SpanSink | None:
         """Where the batch's new spans stream while it is planned; None (the default): written at the end."""
@@ -169,5 +164,5 @@ def _write_cells(conn: Connection, writes: PlannedWrites) -> None:
     insert_rows(conn, "switch_phases", writes.phases)
 
 
-__all__ = ["EVENT_KEYS", "NODE_FIELDS", "SqlRecorder", "SqlStoredState", "insert_rows", "node_record", "prior",
+__all__ = ["EVENT_KEYS", "NODE_FIELDS", "SqlApplier", "SqlStoredState", "insert_rows", "node_record", "prior",
            "write_updates"]
