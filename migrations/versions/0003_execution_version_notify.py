@@ -19,7 +19,7 @@ down_revision = '0002'
 branch_labels = None
 depends_on = None
 
-CHANNEL = "sapwood_execution_versions"  # sapwood.api.versions.CHANNEL
+CHANNEL = "sapwood_execution_versions"  # sapwood.platform.storage.postgres.execution_versions.CHANNEL
 
 
 def upgrade() -> None:

@@ -119,15 +119,16 @@ def test_version_reader_connection_settings_follow_the_url() -> None:
     import sqlalchemy as sa
 
     from sapwood.api.versions import VersionReader
+    from sapwood.platform.storage.postgres.version_channel import PostgresVersionChannel
 
     socket_url = sa.create_engine("postgresql+psycopg://u:p@/sapwood?host=/run/postgresql")
-    kw = VersionReader(socket_url, statement_timeout_ms=250)._connect_kwargs()
+    kw = PostgresVersionChannel(socket_url, statement_timeout_ms=250).connect_kwargs()
     assert kw["host"] == "/run/postgresql"
     assert kw["dbname"] == "sapwood"
     assert (kw["user"], kw["password"]) == ("u", "p")
     assert kw["options"] == "-c statement_timeout=250"
     assert kw["autocommit"] is True
-    tcp = VersionReader(sa.create_engine("postgresql+psycopg://db.example:6543/x"), statement_timeout_ms=1)
-    assert {k: tcp._connect_kwargs().get(k) for k in ("host", "port", "user")} == {"host": "db.example", "port": 6543,
+    tcp = PostgresVersionChannel(sa.create_engine("postgresql+psycopg://db.example:6543/x"), statement_timeout_ms=1)
+    assert {k: tcp.connect_kwargs().get(k) for k in ("host", "port", "user")} == {"host": "db.example", "port": 6543,
                                                                                    "user": None}
     assert not VersionReader(sa.create_engine("sqlite://"), statement_timeout_ms=1).native

@@ -11,8 +11,9 @@ import pytest
 import sqlalchemy as sa
 
 from sapwood.api.deps import Services
-from sapwood.api.versions import LISTENER_NAME, VersionMap, VersionReader, parse_payload
+from sapwood.api.versions import VersionMap, VersionReader
 from sapwood.platform.events import PartialScore
+from sapwood.platform.storage.postgres.version_channel import LISTENER_NAME, parse_payload
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 from tests.support.api_client import Keys, TestClient, make_client
@@ -43,9 +44,9 @@ def count_queries(reader: VersionReader, monkeypatch: pytest.MonkeyPatch) -> lis
     asked: list[str] = []
     query = reader._query
 
-    async def counted(loop: Any, execution_id: str) -> int:
+    async def counted(execution_id: str) -> int:
         asked.append(execution_id)
-        return await query(loop, execution_id)
+        return await query(execution_id)
 
     monkeypatch.setattr(reader, "_query", counted)
     return asked

@@ -7,7 +7,6 @@ from typer.testing import CliRunner
 
 from sapwood.ingest import IngestConfig
 from sapwood.ingest.classifier import connection_lost
-from sapwood.ingest.config import with_connection_params
 from sapwood.platform.cli import app
 from sapwood.platform.errors import StoreError, StoreUnavailableError
 from sapwood.platform.settings import Settings
@@ -36,11 +35,6 @@ def test_ingest_command_is_registered() -> None:
         assert option in result.output
 
 
-def test_postgres_connections_carry_the_application_name() -> None:
-    url = with_connection_params("postgresql+psycopg://u@h:5432/db", "sapwood-ingest")
-    assert "application_name=sapwood-ingest" in url
-    assert "connect_timeout=5" in url
-    assert with_connection_params("sqlite:///x.db", "a") == "sqlite:///x.db"
 
 
 def test_connection_errors_are_told_apart_from_bad_records() -> None:

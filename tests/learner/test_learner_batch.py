@@ -16,10 +16,10 @@ from sapwood.learner.batch import (
     SUMMARY,
     TreeBatch,
     TreeBatchBuilder,
-    flatten,
     tree_attention_mask,
 )
 from sapwood.learner.errors import BatchValidationError
+from sapwood.learner.flat import flatten
 from tests.support.random_trees import random_tree_batch
 
 

@@ -22,10 +22,6 @@ USER_TEXT_KEYWORDS = {"help", "description", "default", "default_factory"}
 KNOWN = {
     # The tables' column types: one metadata for both backends (``with_variant``), used by the migrations.
     "platform/src/sapwood/platform/schema.py",
-    # The API's LISTEN/NOTIFY listener runs on asyncio psycopg connections of its own (not moved yet).
-    "api/src/sapwood/api/versions.py",
-    # The ingest's PostgreSQL connection parameters (application_name, connect timeout; not moved yet).
-    "ingest/src/sapwood/ingest/config.py",
     # Embedded demos create their SQLite store file.
     "demo/src/sapwood/demo/driver.py",
     "demo/src/sapwood/demo/elastic/driver.py",

@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from sapwood.api.versions import CHANNEL, TRIGGER
 from sapwood.platform.events import PartialScore
 from sapwood.platform.storage.postgres.bulkcopy import COPY_MIN_ROWS
+from sapwood.platform.storage.postgres.execution_versions import CHANNEL, TRIGGER
 from sapwood.platform.store import Store
 from tests.support.histories import small_execution
 

@@ -31,8 +31,9 @@ last heard from it:
   cleared (an epoch bump).
 
 Queries run on a few asyncio psycopg connections owned by the worker's event loop (handing a
-request to the thread pool and back costs more than the query itself); other backends use the
-thread pool and never push.
+request to the thread pool and back costs more than the query itself); those connections and the
+listener's are the store's :class:`~sapwood.platform.storage.versions.VersionChannel`. Other
+backends use the thread pool and never push.
 """
 
 from __future__ import annotations
@@ -40,24 +41,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
-from typing import Any
 
-import psycopg
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from sapwood.api.queries.trees import execution_version
-from sapwood.platform.errors import StoreError, StoreUnavailableError, UnknownParentError
-from sapwood.platform.storage.postgres.execution_versions import CHANNEL as CHANNEL  # re-exported
-from sapwood.platform.storage.postgres.execution_versions import HAS_TRIGGER_SQL, LAST_SEQ_SQL, native_async_postgres
-from sapwood.platform.storage.postgres.execution_versions import TRIGGER as TRIGGER  # re-exported
-from sapwood.platform.uuids import canonical_uuid
+from sapwood.platform.errors import StoreUnavailableError
+from sapwood.platform.storage.backends import version_channel
+from sapwood.platform.storage.versions import VersionChannel
 
 log = logging.getLogger(__name__)
-
-#: ``application_name`` of the listening connection (visible in ``pg_stat_activity``).
-LISTENER_NAME = "sapwood-api-versions"
 
 
 class VersionMap:
@@ -113,15 +106,6 @@ class VersionMap:
         return len(self._seqs)
 
 
-def parse_payload(payload: str) -> tuple[str, int] | None:
-    """``"<execution_id> <last_seq>"`` → (execution_id, last_seq), None if malformed."""
-    eid, _, seq = payload.partition(" ")
-    try:
-        return canonical_uuid(eid), int(seq)
-    except ValueError:
-        return None
-
-
 class VersionReader:
     """``await reader.version(execution_id)`` → ``last_seq``; UnknownParentError when there is no such execution.
 
@@ -132,14 +116,13 @@ class VersionReader:
     def __init__(self, engine: Engine, *, statement_timeout_ms: int, max_idle: int = 8, push: bool = True,
                  max_entries: int = 200_000, heartbeat_s: float = 5.0) -> None:
         self.engine = engine
-        self.max_idle = max_idle
         self.statement_timeout_ms = statement_timeout_ms
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.native = native_async_postgres(engine)
+        #: The store's own connections for versions (queries and the listener), where its backend pushes.
+        self.channel: VersionChannel | None = version_channel(engine, statement_timeout_ms=statement_timeout_ms,
+                                                              max_idle=max_idle, heartbeat_s=heartbeat_s)
+        self.native = self.channel is not None
         self.push = push and self.native
         self.map = VersionMap(max_entries)
-        self.heartbeat_s = heartbeat_s
         self.min_backoff_s, self.max_backoff_s = 0.05, 5.0  # between failed connection attempts
         self.trigger_recheck_s = 30.0  # without the trigger (database not migrated to 0003)
         self._listener: asyncio.Task[None] | None = None
@@ -148,16 +131,15 @@ class VersionReader:
 
     # -- reads -----------------------------------------------------------------------------------------
     async def version(self, execution_id: str) -> int:
-        if not self.native:
+        if self.channel is None:
             return await run_in_threadpool(self._sync_version, execution_id)
-        loop = asyncio.get_running_loop()
-        pushed = loop is self._listen_loop
+        pushed = asyncio.get_running_loop() is self._listen_loop
         if pushed:
             seq = self.map.get(execution_id)
             if seq is not None:
                 return seq
         token = self.map.token() if pushed else None
-        seq = await self._query(loop, execution_id)
+        seq = await self._query(execution_id)
         if pushed:
             self.map.learn(execution_id, seq, token)
         return seq
@@ -177,55 +159,9 @@ class VersionReader:
         with self.engine.begin() as conn:  # COMMIT, not ROLLBACK: psycopg keeps its prepared statements
             return execution_version(conn, execution_id)
 
-    def _connect_kwargs(self, **extra: Any) -> dict[str, Any]:
-        u = self.engine.url
-        kw: dict[str, Any] = {k: v for k, v in u.query.items() if isinstance(v, str)}  # e.g. host=/run/postgresql
-        kw.update(autocommit=True, options=f"-c statement_timeout={self.statement_timeout_ms}", **extra)
-        if u.host:
-            kw["host"] = u.host
-        if u.port:
-            kw["port"] = u.port
-        if u.database:
-            kw["dbname"] = u.database
-        if u.username:
-            kw["user"] = u.username
-        if u.password:
-            kw["password"] = u.password
-        return kw
-
-    async def _query(self, loop: asyncio.AbstractEventLoop, execution_id: str) -> int:
-        if loop is not self._loop:  # connections belong to the loop that opened them
-            self._discard_all()
-            self._loop = loop
-        while True:
-            reused = bool(self._idle)
-            try:
-                conn = self._idle.pop() if reused else await psycopg.AsyncConnection.connect(**self._connect_kwargs())
-            except psycopg.Error as exc:
-                raise StoreUnavailableError(f"database unavailable: {exc}") from exc
-            try:
-                cur = await conn.execute(LAST_SEQ_SQL, (uuid.UUID(execution_id),))
-                row = await cur.fetchone()
-                break
-            except psycopg.Error as exc:
-                await conn.close()
-                if reused and conn.broken:  # went stale while idle (server restart): retry on a fresh one
-                    continue
-                if isinstance(exc, psycopg.OperationalError):
-                    raise StoreUnavailableError(f"database unavailable: {exc}") from exc
-                raise StoreError(f"database error: {exc}") from exc
-        if len(self._idle) < self.max_idle:
-            self._idle.append(conn)
-        else:
-            await conn.close()
-        if row is None:
-            raise UnknownParentError(f"execution {execution_id} does not exist")
-        return int(row[0])
-
-    def _discard_all(self) -> None:
-        for conn in self._idle:
-            conn.pgconn.finish()  # synchronous close; the loop they belonged to may be gone
-        self._idle.clear()
+    async def _query(self, execution_id: str) -> int:
+        assert self.channel is not None
+        return await self.channel.last_seq(execution_id)
 
     # -- push ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -236,51 +172,29 @@ class VersionReader:
         self._listener = asyncio.create_task(self._listen(), name="sapwood-version-listener")
 
     async def _listen(self) -> None:
+        assert self.channel is not None
         backoff = self.min_backoff_s
         while True:
             connects = self.connects
             try:
-                if not await self._listen_once():
-                    log.warning("version listener: no trigger %s on executions (migrate to 0003); versions are "
-                                "queried", TRIGGER)
+                if not await self.channel.listen(live=self._live, notified=self.map.notified,
+                                                 down=self.map.disconnected):
+                    log.warning("version listener: the store has no version trigger on executions (migrate to "
+                                "0003); versions are queried")
                     await asyncio.sleep(self.trigger_recheck_s)
                     continue
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                log.warning("version listener: %s; versions are queried until it reconnects", exc)
-            except Exception:  # a bug must not end push for good: the map is off (finally), try again
+            except StoreUnavailableError as exc:
+                log.warning("%s; versions are queried until it reconnects", exc)
+            except Exception:  # a bug must not end push for good: the map is off (down()), try again
                 log.exception("version listener failed; versions are queried until it reconnects")
             if self.connects != connects:  # it was live: reconnect at once
                 backoff = self.min_backoff_s
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.max_backoff_s)
 
-    async def _listen_once(self) -> bool:
-        """One connection's life: LISTEN, go live, apply notifications, heartbeat. Returns False when the trigger
-        is missing (never went live, or went away); raises when the connection fails."""
-        conn = await psycopg.AsyncConnection.connect(**self._connect_kwargs(application_name=LISTENER_NAME))
-        try:
-            await conn.execute(f"LISTEN {CHANNEL}")
-            if not await self._alive(conn):
-                return False
-            self.map.connected()  # after LISTEN took effect: from here on no commit goes unnoticed
-            self.connects += 1
-            while True:
-                async for n in conn.notifies(timeout=self.heartbeat_s):
-                    parsed = parse_payload(n.payload)
-                    if parsed is not None:
-                        self.map.notified(*parsed)
-                if not await self._alive(conn):
-                    return False
-        finally:
-            self.map.disconnected()
-            await conn.close()
-
-    async def _alive(self, conn: psycopg.AsyncConnection[Any]) -> bool:
-        """Heartbeat: the connection answers (within the heartbeat period) and the trigger exists."""
-        async with asyncio.timeout(self.heartbeat_s):
-            cur = await conn.execute(HAS_TRIGGER_SQL, (TRIGGER,))
-            row = await cur.fetchone()
-        return bool(row and row[0])
+    def _live(self) -> None:
+        self.map.connected()
+        self.connects += 1
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None
@@ -290,7 +204,5 @@ class VersionReader:
                 await listener
         self.map.disconnected()
         self._listen_loop = None
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await conn.close()
-
+        if self.channel is not None:
+            await self.channel.close()

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.engine import make_url
-
 from sapwood.ingest.membership import AUTO
 from sapwood.platform.settings import Settings
 
@@ -89,14 +87,5 @@ class IngestConfig:
         return cls(**values)
 
 
-def with_connection_params(url: str, application_name: str) -> str:
-    """``url`` with the ingest's PostgreSQL connection parameters (``application_name``, a 5 s connect
-    timeout) unless the URL sets them; other backends' URLs unchanged."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "postgresql":
-        return url
-    query = {"application_name": application_name, "connect_timeout": "5", **parsed.query}
-    return parsed.update_query_dict(query).render_as_string(hide_password=False)
 
-
-__all__ = ["IngestConfig", "with_connection_params"]
+__all__ = ["IngestConfig"]

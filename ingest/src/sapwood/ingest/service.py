@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 from sapwood.ingest import kafka_bounds
 from sapwood.ingest.classifier import DeadLetterClassifier, Verdict, connection_lost
 from sapwood.ingest.committer import NOT_ASSIGNED, OffsetCommitter
-from sapwood.ingest.config import IngestConfig, with_connection_params
+from sapwood.ingest.config import IngestConfig
 from sapwood.ingest.deadletters import DeadLetterPublisher, log_dead_letters, write_dead_letters
 from sapwood.ingest.liveness import Liveness
 from sapwood.ingest.membership import InstanceLock, resolve_instance_id
@@ -126,8 +126,8 @@ class IngestService:
 
     def open(self) -> None:
         cfg = self.config
-        self.store = Store(make_engine(with_connection_params(cfg.database_url, cfg.application_name)),
-                           cache_nodes=cfg.cache_nodes)
+        engine = make_engine(cfg.database_url, application_name=cfg.application_name, connect_timeout_s=5)
+        self.store = Store(engine, cache_nodes=cfg.cache_nodes)
         self.committer.bind(self.store)
         if cfg.migrate:
             self._migrate()

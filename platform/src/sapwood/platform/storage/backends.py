@@ -10,7 +10,8 @@ the implementations, so no interface module depends on a dialect's.
 - :func:`run_queue` — :class:`~.runs.RunQueue`;
 - :func:`offset_store` — :class:`~.offsets.OffsetStore`;
 - :func:`api_key_store` — :class:`~.api_keys.ApiKeyStore`;
-- :func:`transactions` — :class:`~.transactions.Transactions`.
+- :func:`transactions` — :class:`~.transactions.Transactions`;
+- :func:`version_channel` — :class:`~.versions.VersionChannel` (None where the backend cannot push).
 
 Stateless implementations are built once per dialect (their statements are compiled once).
 """
@@ -27,10 +28,12 @@ from sapwood.platform.storage.dialects import dialect_name, for_dialect
 from sapwood.platform.storage.offsets import OffsetStore
 from sapwood.platform.storage.postgres.api_keys import PostgresApiKeyStore
 from sapwood.platform.storage.postgres.applier import PostgresApplier
+from sapwood.platform.storage.postgres.execution_versions import native_async_postgres
 from sapwood.platform.storage.postgres.offsets import PostgresOffsetStore
 from sapwood.platform.storage.postgres.runs import PostgresRunQueue
 from sapwood.platform.storage.postgres.transactions import PostgresTransactions
 from sapwood.platform.storage.postgres.trees import PostgresTreeReader
+from sapwood.platform.storage.postgres.version_channel import PostgresVersionChannel
 from sapwood.platform.storage.runs import RunQueue
 from sapwood.platform.storage.sqlite.api_keys import SQLiteApiKeyStore
 from sapwood.platform.storage.sqlite.applier import SqliteApplier
@@ -40,6 +43,7 @@ from sapwood.platform.storage.sqlite.transactions import SQLiteTransactions
 from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader
 from sapwood.platform.storage.transactions import Transactions
 from sapwood.platform.storage.trees import TreeReader
+from sapwood.platform.storage.versions import VersionChannel
 
 Dialect = str | Engine | Connection
 """``"sqlite"``, ``"postgresql"``, or an engine / connection of one."""
@@ -77,6 +81,15 @@ def transactions(dialect: Dialect) -> Transactions:
     return for_dialect(dialect, "transaction modes", sqlite=SQLiteTransactions, postgresql=PostgresTransactions)
 
 
+def version_channel(engine: Engine, *, statement_timeout_ms: int, max_idle: int = 8,
+                    heartbeat_s: float = 5.0) -> VersionChannel | None:
+    """Pushed execution versions where ``engine``'s backend has them (PostgreSQL via psycopg), else None."""
+    if not native_async_postgres(engine):
+        return None
+    return PostgresVersionChannel(engine, statement_timeout_ms=statement_timeout_ms, max_idle=max_idle,
+                                  heartbeat_s=heartbeat_s)
+
+
 @functools.cache
 def _tree_reader(name: str) -> TreeReader:
     return for_dialect(name, "tree reader", sqlite=SQLiteTreeReader, postgresql=PostgresTreeReader)
@@ -92,4 +105,5 @@ def _offset_store(name: str) -> OffsetStore:
     return for_dialect(name, "offset store", sqlite=SqliteOffsetStore, postgresql=PostgresOffsetStore)
 
 
-__all__ = ["Dialect", "api_key_store", "event_applier", "offset_store", "run_queue", "transactions", "tree_reader"]
+__all__ = ["Dialect", "api_key_store", "event_applier", "offset_store", "run_queue", "transactions", "tree_reader",
+           "version_channel"]
