@@ -11,8 +11,9 @@ from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode, peek_key
 from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFinished, ModelCall, PolicyPublished
+from sapwood.platform.storage.scheduler_signals import in_flight
 from sapwood.platform.store import Store
-from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader, backlog, in_flight
+from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader, backlog
 from sapwood.scheduler.metrics import SchedulerMetrics
 from tests.support.histories import small_execution
 from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until

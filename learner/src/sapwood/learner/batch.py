@@ -163,10 +163,6 @@ class TreeBatch:
 
         return self._cached("segment_start", make)
 
-    def context_root(self) -> Tensor:
-        """[T] int64 index of each token's context root."""
-        return self._cached("context_root", lambda: root_of(self.parent))
-
     def attention_mask(self) -> Tensor:
         """[T, T] bool tree attention mask (see ``tree_attention_mask``), cached."""
         return self._cached("attention_mask", lambda: tree_attention_mask(self.parent))

@@ -24,7 +24,6 @@ from sapwood.platform.execution_filter import ExecutionFilter as ExecutionFilter
 from sapwood.platform.json_values import check_json_numbers
 from sapwood.platform.run_ids import check_run_id
 from sapwood.platform.storage.backends import run_queue
-from sapwood.platform.storage.runs import FINISHED as FINISHED  # re-exported: what a run queues
 
 #: Limits of a run's free-form ``config``: nesting depth and size of its JSON text.
 CONFIG_MAX_DEPTH = 32

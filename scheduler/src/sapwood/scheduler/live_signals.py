@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 import sapwood.platform.storage.scheduler_signals as signal_reads
 from sapwood.platform.storage.backends import offset_store
 from sapwood.platform.storage.cells import cells as stored_cells
-from sapwood.platform.storage.scheduler_signals import in_flight as in_flight  # re-exported: one signal as stored
+from sapwood.platform.storage.scheduler_signals import in_flight
 from sapwood.platform.storage.scheduler_signals import throughput as throughput
 from sapwood.scheduler.signals import CellState, PartitionLag, RunBacklog, Signals
 

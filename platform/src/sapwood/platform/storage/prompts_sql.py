@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
+from sapwood.platform.events.base import FINISH_STATUSES
 from sapwood.platform.storage.leases import LeaseQueue
-from sapwood.platform.storage.runs import FINISHED
 from sapwood.platform.storage.runs_sql import SqlRunQueue, replay_order_key
 
 __all__ = ["ClaimedSample", "PromptQueue", "PromptRow", "prompt_queue"]
@@ -107,7 +107,7 @@ class PromptQueue:
     def sync(self, conn: Connection, run_id: str, *, now: float | None = None) -> int:
         """Mark done the claimed samples whose current execution finished; return how many."""
         now = time.time() if now is None else now
-        finished = sa.select(_e.execution_id).where(_e.status.in_(FINISHED))
+        finished = sa.select(_e.execution_id).where(_e.status.in_(FINISH_STATUSES))
         ids = [r[0] for r in conn.execute(sa.select(_ps.sample_id).where(
             _ps.run_id == run_id, _ps.state == "claimed", _ps.execution_id.in_(finished)))]
         if not ids:

@@ -26,13 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy.engine import Connection
 
-from sapwood.platform.events.base import FINISH_STATUSES
-
 if TYPE_CHECKING:
     from sapwood.platform.execution_filter import ExecutionFilter
 
-#: Execution statuses a run queues (a running execution is not trainable yet).
-FINISHED = FINISH_STATUSES
 RunKind = Literal["live", "replay"]
 
 

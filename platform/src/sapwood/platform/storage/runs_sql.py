@@ -19,8 +19,9 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
 from sapwood.platform.errors import ConflictError
+from sapwood.platform.events.base import FINISH_STATUSES
 from sapwood.platform.storage.leases import LeaseQueue
-from sapwood.platform.storage.runs import FINISHED, RunKind, RunQueue
+from sapwood.platform.storage.runs import RunKind, RunQueue
 
 if TYPE_CHECKING:
     from sapwood.platform.execution_filter import ExecutionFilter
@@ -88,7 +89,7 @@ class SqlRunQueue(RunQueue):
     def snapshot(self, conn: Connection, run_id: str, flt: ExecutionFilter, *, kind: RunKind, seed: int,
                  now: float | None = None) -> int:
         abandoned = sa.select(t.prompt_attempts.c.execution_id).where(t.prompt_attempts.c.state == "abandoned")
-        q = sa.select(_e.execution_id).where(execution_condition(flt), _e.status.in_(FINISHED),
+        q = sa.select(_e.execution_id).where(execution_condition(flt), _e.status.in_(FINISH_STATUSES),
                                              _e.execution_id.not_in(abandoned))  # never trained
         q = q.order_by(_e.execution_id) if kind == "replay" else q.order_by(_e.finished_at, _e.execution_id)
         queued = {r[0] for r in conn.execute(sa.select(_ri.execution_id).where(_ri.run_id == run_id))}

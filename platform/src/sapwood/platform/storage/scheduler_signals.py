@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
+from sapwood.platform.events.base import FINISH_STATUSES
 from sapwood.platform.execution_filter import ExecutionFilter
-from sapwood.platform.storage.runs import FINISHED
 from sapwood.platform.storage.runs_sql import execution_condition
 
 _e = t.executions.c
@@ -50,7 +50,7 @@ def live_run_backlogs(conn: Connection, now: float) -> list[LiveRunBacklog]:
         q = (sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_e.n_output_tokens), 0),
                        sa.func.min(_e.max_policy_version), latest_q)
              .select_from(join)
-             .where(execution_condition(flt), _e.status.in_(FINISHED), unheld))
+             .where(execution_condition(flt), _e.status.in_(FINISH_STATUSES), unheld))
         n, tokens, oldest, latest = conn.execute(q).one()
         out.append(LiveRunBacklog(run["run_id"], int(n), int(tokens), None if oldest is None else int(oldest),
                                   None if latest is None else int(latest)))

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform import schema as t
-from sapwood.platform.storage.runs import FINISHED
+from sapwood.platform.events.base import FINISH_STATUSES
 
 
 def unique_tokens(conn: Connection) -> int:
@@ -60,4 +60,5 @@ def store_counts(conn: Connection) -> StoreCounts:
 def finished_executions(conn: Connection, run_id: str) -> int:
     """How many executions of ``run_id`` have finished (status success, timeout or error)."""
     c = t.executions.c
-    return int(conn.execute(sa.select(sa.func.count()).where(c.run_id == run_id, c.status.in_(FINISHED))).scalar_one())
+    q = sa.select(sa.func.count()).where(c.run_id == run_id, c.status.in_(FINISH_STATUSES))
+    return int(conn.execute(q).scalar_one())
