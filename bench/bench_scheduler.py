@@ -6,7 +6,7 @@
 2. Sweeps on the paper preset (fewer steps): tail heaviness p99/p50 1 … 20, switch cost 1 s … 10 min,
    training/rollout cost ratio; PNG plots of each and of the paper run's cell roles.
 3. Decision latency (live signals read + policy) on a PostgreSQL store of ≥ 1M tokens and, when Kafka is
-   reachable, a topic of ≥ 4 partitions (target p99 ≤ 50 ms).
+   reachable, a topic of ≥ 4 partitions (target p99 ≤ 50 ms): ``bench/bench_decision_latency.py``.
 
     python bench/bench_scheduler.py [--seeds 3] [--sweep-steps 16] [--ticks 200] [--out bench-out/scheduler]
 
@@ -23,31 +23,19 @@ import os
 import statistics
 import sys
 import time
-import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psycopg
-from psycopg import sql
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
-from bench_api import admin_kwargs  # the same admin connection settings as the API benchmark
-from sapwood.platform import runs
-from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
-from sapwood.platform.store import Store
-from sapwood.platform.synthetic import SynthConfig, synthetic_execution
-from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader
-from sapwood.scheduler.policies import ElasticPolicy
+from bench_decision_latency import latency  # decision latency: its own bench, also run here
 from sapwood.scheduler.simulator import preset, simulate
 from sapwood.scheduler.simulator.plots import plot_idle, plot_roles, plot_sweep
 from sapwood.scheduler.simulator.sweep import best_static, sweep, train_ratio
 
-TARGET_P99_MS = 50.0
 console = Console(stderr=True)
 
 
@@ -125,86 +113,6 @@ def sweeps(steps: int, out: Path) -> dict[str, Any]:
     zero_var = simulate(w.with_(tail_ratio=1.0), "elastic")
     return {"steps": steps, "tail_ratio": tail, "switch_cost_s": switch, "train_over_rollout": ratio,
             "zero_variance_elastic_vs_best_static": round(static.wall_s / zero_var.wall_s, 4)}
-
-
-def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int) -> dict[str, Any]:
-    name = f"sapwood_bench_sched_{uuid.uuid4().hex[:8]}"
-    kw = admin_kwargs(admin_url)
-    with psycopg.connect(**kw) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    lag = None
-    try:
-        store = Store.open(url)
-        tokens = 0
-        for i in range(executions):
-            t0 = time.perf_counter()
-            w = synthetic_execution(SynthConfig(seed=200 + i), run_id="bench", task_id=f"t-{i}")
-            tokens += store.apply(w.events).tokens
-            log(f"loaded execution {i + 1}/{executions} ({tokens:,} tokens so far) in {time.perf_counter() - t0:.1f} s")
-        with store.transaction() as conn:
-            runs.create_run(conn, "live", runs.ExecutionFilter(run_id="bench"), kind="live")
-        now = time.time()
-        store.apply([CellRegistered(cell_id=f"cell-{i:02d}", tier="satellite" if i >= 8 else "core", capacity=4,
-                                    created_at=now - 600) for i in range(16)])
-        store.apply([CellHeartbeat(cell_id=f"cell-{i:02d}", created_at=now) for i in range(16)])
-        store.apply([RoleAssigned(cell_id=f"cell-{i % 16:02d}", role="train" if i % 2 else "rollout",
-                                  reason="bench", created_at=now - 500 + i) for i in range(200)])
-        partitions = 0
-        if bootstrap:
-            lag, partitions = kafka_topic(bootstrap, store)
-        reader = LiveSignalReader(store.engine, batch_size=64, train_step_cell_s=28800.0, lag=lag)
-        policy = ElasticPolicy()
-        read_ms, decide_ms, total_ms = [], [], []
-        for _ in range(ticks):
-            t0 = time.perf_counter()
-            s = reader.read()
-            t1 = time.perf_counter()
-            policy.decide(s, {c.cell_id: c.role for c in s.cells})
-            t2 = time.perf_counter()
-            read_ms.append((t1 - t0) * 1e3)
-            decide_ms.append((t2 - t1) * 1e3)
-            total_ms.append((t2 - t0) * 1e3)
-        reader.close()
-        lag = None
-        store.close()
-
-        def pct(xs: list[float]) -> dict[str, float]:
-            return {"p50": round(float(np.percentile(xs, 50)), 3), "p99": round(float(np.percentile(xs, 99)), 3)}
-
-        p99 = float(np.percentile(total_ms, 99))
-        return {"store_tokens": tokens, "executions": executions, "kafka_partitions": partitions,
-                "ticks": ticks, "signals_ms": pct(read_ms), "policy_ms": pct(decide_ms), "total_ms": pct(total_ms),
-                "target_p99_ms": TARGET_P99_MS, "meets_target": p99 <= TARGET_P99_MS,
-                "ingest_lag_total": s.ingest_lag_total, "backlog_executions": s.backlog_executions}
-    finally:
-        if lag is not None:
-            lag.close()
-        with psycopg.connect(**kw) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def kafka_topic(bootstrap: str, store: Store) -> tuple[KafkaLag, int]:
-    """A fresh 4-partition topic with records in every partition and stored offsets behind the log end."""
-    from sapwood.platform.storage.backends import offset_store
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from kafka import KafkaAdminClient, KafkaProducer
-    topic, group, parts = f"bench-sched-{uuid.uuid4().hex[:8]}", "bench-ingest", 4
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="sapwood-bench")
-    try:
-        admin.create_topics({topic: {"num_partitions": parts}}, wait_for_metadata=True)
-    finally:
-        admin.close()
-    producer = KafkaProducer(bootstrap_servers=bootstrap)
-    for i in range(400):
-        producer.send(topic, key=f"k{i}".encode(), value=b"x", partition=i % parts)
-    producer.flush()
-    producer.close()
-    with store.transaction() as conn:
-        offset_store(conn).advance(conn, group, topic, {p: 50 for p in range(parts)}, expected={})
-    return KafkaLag(bootstrap, topic, group), parts
 
 
 def main() -> None:

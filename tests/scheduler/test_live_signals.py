@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -11,9 +13,8 @@ from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode, peek_key
 from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFinished, ModelCall, PolicyPublished
-from sapwood.platform.storage.scheduler_signals import in_flight
 from sapwood.platform.store import Store
-from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader, backlog
+from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader
 from sapwood.scheduler.metrics import SchedulerMetrics
 from tests.support.histories import small_execution
 from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, raw_producer, running_ingest, wait_until
@@ -94,9 +95,9 @@ def test_backlog_counts_finished_unclaimed_executions_and_tokens(pg_url: str) ->
                      .values(lease_until=now - 1))  # a crashed learner's lease ran out: claimable again
     held = set(claimed)
     expected = [w for w in finished if w.execution_id not in held]
-    with store.engine.connect() as conn:
-        (b,), stale = backlog(conn, now)
-        n_flight, age = in_flight(conn, now)
+    read = LiveSignalReader(store.engine, batch_size=4).read(now)
+    (b,), stale = read.backlog_by_run, read.staleness_max
+    n_flight, age = read.in_flight, read.in_flight_oldest_age_s
     assert (b.run_id, b.executions) == ("live-a", len(expected))
     assert len(expected) == 4
     assert b.tokens == sum(output_tokens(w.events) for w in expected) > 0
@@ -112,3 +113,42 @@ def test_backlog_counts_finished_unclaimed_executions_and_tokens(pg_url: str) ->
     assert s.in_flight == 1
     assert s.rollout_demand == 1
     store.close()
+
+
+class GatedLag(KafkaLag):
+    """A lag source whose log-end requests wait on a gate, answering 100 × the request number."""
+
+    def __init__(self) -> None:  # no broker: only what LiveSignalReader asks of a lag
+        self.topic, self.group = "t", "g"
+        self.asked = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def log_end(self) -> dict[int, int]:
+        self.gate.wait(30)
+        self.asked += 1
+        return {0: 100 * self.asked}
+
+    def close(self) -> None:
+        self.gate.set()
+
+
+def test_log_end_offsets_are_cached_between_ticks_and_refreshed_in_the_background(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    lag = GatedLag()
+    reader = LiveSignalReader(store.engine, batch_size=4, lag=lag)
+    try:
+        first = reader.read()
+        assert [p.log_end for p in first.ingest_lag] == [100], "the first tick waits for an answer"
+        wait_until(lambda: lag.asked == 2, 30, "the next request, in the background")
+        lag.gate.clear()  # the broker stops answering
+        second = reader.read()  # collects request 2, asks for request 3 (blocked)
+        assert [p.log_end for p in second.ingest_lag] == [200]
+        third = reader.read()  # request 3 still pending: the cached answer, no wait
+        assert [p.log_end for p in third.ingest_lag] == [200]
+        lag.gate.set()
+        wait_until(lambda: lag.asked == 3, 30, "request 3 answered")
+        assert [p.log_end for p in reader.read().ingest_lag] == [300]
+    finally:
+        reader.close()
+        store.close()

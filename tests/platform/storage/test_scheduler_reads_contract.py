@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.events import CellHeartbeat, CellRegistered, PolicyPublished, RoleAssigned, SwitchPhase
 from sapwood.platform.storage.backends import offset_store, run_queue
 from sapwood.platform.storage.cells import cells, decisions
-from sapwood.platform.storage.scheduler_signals import (
-    in_flight,
-    live_run_backlogs,
-    recent_switch_phases,
-)
+from sapwood.platform.storage.scheduler_signals import LiveRuns, RunBacklogRow, StoreSignals, read_snapshot
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 
 NOW = time.time()
+
+
+def _snap(conn: Connection, now: float, **kw: Any) -> StoreSignals:
+    return read_snapshot(conn, LiveRuns(), now, 600.0, **kw)
+
+
+def _backlogs(conn: Connection, now: float) -> list[RunBacklogRow]:
+    return _snap(conn, now).backlogs
 
 
 def _execution(store: Store, outputs: int, *, finish: bool = True, version: int = 0) -> str:
@@ -81,13 +88,13 @@ def test_backlog_counts_what_no_learner_holds(store: Store) -> None:
         q.claim(conn, "live", "b", 1, lease_s=10.0, now=NOW)
         first, second, third = order
         tokens = {held: 5, expiring: 7, free: 11}
-        (at_end,) = live_run_backlogs(conn, NOW + 10.0)
+        (at_end,) = _backlogs(conn, NOW + 10.0)
         assert (at_end.run_id, at_end.executions, at_end.output_tokens) == ("live", 1, tokens[third])
         assert at_end.latest_published == 4
-        (after,) = live_run_backlogs(conn, math.nextafter(NOW + 10.0, math.inf))
+        (after,) = _backlogs(conn, math.nextafter(NOW + 10.0, math.inf))
         assert (after.executions, after.output_tokens) == (2, tokens[second] + tokens[third]), "b's lease ended"
         assert q.complete(conn, "live", "a", [first], now=NOW) == []
-        (done,) = live_run_backlogs(conn, NOW + 200.0)
+        (done,) = _backlogs(conn, NOW + 200.0)
         assert (done.executions, done.output_tokens) == (2, tokens[second] + tokens[third]), "done is not backlog"
         versions = {held: 1, expiring: 2, free: 0}
         assert done.oldest_policy_version == min(versions[second], versions[third])
@@ -105,9 +112,42 @@ def test_in_flight_switch_phases_and_stored_offsets(store: Store) -> None:
             {"group_id": "g", "topic": "x", "partition": p, "next_offset": 10 * p, "updated_at": NOW} for p in (0, 2)])
         conn.execute(t.consumer_offsets.insert(), [
             {"group_id": "other", "topic": "x", "partition": 1, "next_offset": 99, "updated_at": NOW}])
-        n, age = in_flight(conn, began + 1000.0)
-        assert n == 1, "started after NOW, within the test"
-        assert 0.0 < 1000.0 - age < 60.0, "started after NOW, within the test"
-        assert recent_switch_phases(conn, 3) == [("c", "train", 3.0), ("c", "train", 2.0), ("c", "train", 1.0)]
+        snap = _snap(conn, began + 1000.0, offsets=("g", "x"), switch_last=3)
+        assert snap.in_flight == 1
+        assert snap.oldest_running_started_at is not None
+        assert 0.0 < snap.oldest_running_started_at - began < 60.0, "started after NOW, within the test"
+        assert snap.switch_phases == [("c", "train", 3.0), ("c", "train", 2.0), ("c", "train", 1.0)]
+        assert snap.stored_offsets == {0: 0, 2: 20}, "only group g's offsets of topic x"
+        assert [c.cell_id for c in snap.cells] == ["c"]
+        assert snap.completions == 0, "finished ~1000 s before: outside the 600 s window"
+        assert len(snap.durations) == 1, "the latest finished durations have no window"
+        assert _snap(conn, time.time()).completions == 1
         assert offset_store(conn).read(conn, "g", "x") == {0: 0, 2: 20}
         assert offset_store(conn).read(conn, "g", "y") == {}
+
+
+def test_a_snapshot_is_one_statement_and_new_live_runs_are_seen(store: Store) -> None:
+    _execution(store, 5)
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    live = LiveRuns()
+    with store.transaction() as conn:
+        runs.create_run(conn, "live", runs.ExecutionFilter(run_id="src"), kind="live")
+    with store.transaction() as conn:
+        _ = read_snapshot(conn, live, NOW + 1.0, 600.0)  # first: reads the live runs once
+        sa.event.listen(conn, "before_cursor_execute", count)
+        snap = read_snapshot(conn, live, NOW + 1.0, 600.0)
+        sa.event.remove(conn, "before_cursor_execute", count)
+    assert len(statements) == 1, statements
+    assert [(b.run_id, b.executions) for b in snap.backlogs] == [("live", 1)]
+    with store.transaction() as conn:
+        runs.create_run(conn, "live-2", runs.ExecutionFilter(run_id="src"), kind="live")
+        statements.clear()
+        sa.event.listen(conn, "before_cursor_execute", count)
+        snap = read_snapshot(conn, live, NOW + 1.0, 600.0)
+        sa.event.remove(conn, "before_cursor_execute", count)
+    assert len(statements) == 3, "the stamp changed: runs read again, then the snapshot again"
+    assert [(b.run_id, b.executions) for b in snap.backlogs] == [("live", 1), ("live-2", 1)]

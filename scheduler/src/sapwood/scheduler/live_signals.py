@@ -1,12 +1,18 @@
 """Signals from the real systems: Kafka ingest lag, the store's backlog, running executions, cells.
 
+* the store's signals in one statement per tick
+  (:func:`sapwood.platform.storage.scheduler_signals.read_snapshot`): backlog per live run (finished
+  executions matching the run's filter that no learner holds: not queued yet, pending, or claimed under
+  an expired lease, with their model-output tokens), in-flight executions (status running) and the age
+  of the oldest, rollout and learner throughput over a window, staleness (latest published policy
+  version − oldest policy version in the backlog), cells (a cell silent longer than ``lost_after_s`` is
+  lost), recent switch phases, and the ingest's stored offsets;
 * ingest lag per partition: log-end offsets from Kafka's admin API (``ListOffsets`` through a persistent
-  :class:`kafka.KafkaAdminClient`) minus the next offsets ingest stored in ``consumer_offsets``;
-* backlog per live run: finished executions matching the run's filter that no learner holds (not queued
-  yet, pending, or claimed under an expired lease), with their model-output (trainable) tokens;
-* in-flight executions (status running) and the age of the oldest; rollout and learner throughput over
-  a window; staleness (latest published policy version − oldest policy version in the backlog);
-* cells from the ``cells`` projection; a cell silent longer than ``lost_after_s`` is lost.
+  :class:`kafka.KafkaAdminClient`) minus those stored offsets. The log-end offsets are cached between
+  ticks: each tick uses the newest answer and asks for the next one in the background (at most one
+  request in flight), so a tick never waits on the broker after the first. The lag a tick reports is
+  at most one tick interval (plus one ``ListOffsets``) older than the stored offsets it is set against,
+  so it can read high by what arrived meanwhile, never low.
 """
 
 from __future__ import annotations
@@ -20,11 +26,8 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-import sapwood.platform.storage.scheduler_signals as signal_reads
 from sapwood.platform.storage.backends import offset_store
-from sapwood.platform.storage.cells import cells as stored_cells
-from sapwood.platform.storage.scheduler_signals import in_flight
-from sapwood.platform.storage.scheduler_signals import throughput as throughput
+from sapwood.platform.storage.scheduler_signals import LiveRuns, StoreSignals, read_snapshot
 from sapwood.scheduler.signals import CellState, PartitionLag, RunBacklog, Signals
 
 
@@ -70,26 +73,10 @@ class KafkaLag:
         self.admin.close()
 
 
-def backlog(conn: Connection, now: float) -> tuple[tuple[RunBacklog, ...], int]:
-    """Finished-but-unclaimed executions and their output tokens per live run, and the largest staleness."""
-    out, stale = [], 0
-    for b in signal_reads.live_run_backlogs(conn, now):
-        out.append(RunBacklog(b.run_id, b.executions, b.output_tokens))
-        if b.oldest_policy_version is not None and b.latest_published is not None:
-            stale = max(stale, b.latest_published - b.oldest_policy_version)
-    return tuple(out), stale
-
-
-def cells(conn: Connection, now: float, lost_after_s: float) -> tuple[CellState, ...]:
-    return tuple(CellState(r["cell_id"], r["tier"], int(r["capacity"]), r["role"], float(r["role_since"]),
-                           float(r["last_heartbeat_at"]), now - float(r["last_heartbeat_at"]) > lost_after_s)
-                 for r in stored_cells(conn))
-
-
-def switch_cost_mean(conn: Connection, last: int = 64) -> float:
-    """Mean duration of the recent switches: phases summed per (cell, target role) run of consecutive rows."""
+def switch_cost_mean(phases: list[tuple[str, str, float]]) -> float:
+    """Mean duration of the recent switches: phases summed per (cell, target role)."""
     totals: dict[tuple[str, str], float] = {}
-    for cell_id, role, d in signal_reads.recent_switch_phases(conn, last):
+    for cell_id, role, d in phases:
         totals[(cell_id, role)] = totals.get((cell_id, role), 0.0) + d
     return statistics.fmean(totals.values()) if totals else 0.0
 
@@ -105,6 +92,9 @@ class LiveSignalReader:
     window_s: float = 600.0
     lost_after_s: float = 30.0
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    _ends: dict[int, int] | None = field(default=None, init=False, repr=False)
+    _asking: Future[dict[int, int]] | None = field(default=None, init=False, repr=False)
+    _runs: LiveRuns = field(default_factory=LiveRuns, init=False, repr=False)
 
     def close(self) -> None:
         """Stop the lag thread and close the Kafka admin client."""
@@ -114,29 +104,47 @@ class LiveSignalReader:
         if self.lag is not None:
             self.lag.close()
 
+    def log_end(self) -> dict[int, int]:
+        """The newest log-end offsets answered, asking for the next ones in the background (see the module doc).
+
+        Only the first call waits for the broker; a failed request is raised by the call that collects it.
+        """
+        assert self.lag is not None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="sapwood-lag")
+        if self._asking is None:
+            self._asking = self._pool.submit(self.lag.log_end)
+        if self._ends is None or self._asking.done():
+            done, self._asking = self._asking, self._pool.submit(self.lag.log_end)
+            self._ends = done.result()
+        return self._ends
+
     def read(self, now: float | None = None) -> Signals:
-        """One snapshot; the broker's log-end offsets are asked for while the store is read (one thread)."""
+        """One snapshot: the store's signals in one round trip, the broker's offsets from the cache."""
         now = time.time() if now is None else now
-        ends: Future[dict[int, int]] | None = None
-        if self.lag is not None:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="sapwood-lag")
-            ends = self._pool.submit(self.lag.log_end)
+        ends = self.log_end() if self.lag is not None else None
+        offsets = (self.lag.group, self.lag.topic) if self.lag is not None else None
         with self.engine.connect() as conn:
-            stored = self.lag.stored(conn) if self.lag is not None else {}
-            runs, stale = backlog(conn, now)
-            n_flight, age = in_flight(conn, now)
-            tp = throughput(conn, now, self.window_s)
-            cell_states = cells(conn, now, self.lost_after_s)
-            switch = switch_cost_mean(conn)
-        lags = self.lag.combine(ends.result(), stored) if self.lag is not None and ends is not None else ()
+            snap = read_snapshot(conn, self._runs, now, self.window_s, offsets=offsets)
+        lags = self.lag.combine(ends, snap.stored_offsets) if self.lag is not None and ends is not None else ()
+        return self.signals(snap, now, lags)
+
+    def signals(self, snap: StoreSignals, now: float, lags: tuple[PartitionLag, ...]) -> Signals:
+        """The scheduler's :class:`Signals` from one store snapshot and the partitions' lag."""
+        runs = tuple(RunBacklog(b.run_id, b.executions, b.output_tokens) for b in snap.backlogs)
+        stale = max((b.latest_published - b.oldest_policy_version for b in snap.backlogs
+                     if b.oldest_policy_version is not None and b.latest_published is not None), default=0)
+        cells = tuple(CellState(c.cell_id, c.tier, c.capacity, c.role, c.role_since, c.last_heartbeat_at,
+                                now - c.last_heartbeat_at > self.lost_after_s) for c in snap.cells)
+        age = now - snap.oldest_running_started_at if snap.oldest_running_started_at is not None else 0.0
+        w = self.window_s
         return Signals(
-            at_s=now, cells=cell_states, batch_size=self.batch_size,
+            at_s=now, cells=cells, batch_size=self.batch_size,
             backlog_executions=sum(r.executions for r in runs), backlog_tokens=sum(r.tokens for r in runs),
-            backlog_by_run=runs, ingest_lag=lags, in_flight=n_flight, in_flight_oldest_age_s=age,
-            rollout_demand=n_flight, train_active=bool(tp["train_active"]),
-            train_step_cell_s=self.train_step_cell_s, rollout_p50_s=tp["p50_s"],
-            rollout_completions_per_s=tp["completions_per_s"], rollout_tokens_per_s=tp["tokens_per_s"],
-            learner_tokens_per_s=tp["learner_tokens_per_s"], staleness_max=stale,
-            switch_cost_mean_s=switch,
+            backlog_by_run=runs, ingest_lag=lags, in_flight=snap.in_flight, in_flight_oldest_age_s=age,
+            rollout_demand=snap.in_flight, train_active=snap.claimed_live > 0,
+            train_step_cell_s=self.train_step_cell_s, rollout_p50_s=snap.p50_duration_s,
+            rollout_completions_per_s=snap.completions / w, rollout_tokens_per_s=snap.completed_tokens / w,
+            learner_tokens_per_s=snap.trained_tokens / w, staleness_max=stale,
+            switch_cost_mean_s=switch_cost_mean(snap.switch_phases),
         )
