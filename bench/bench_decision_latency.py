@@ -1,6 +1,7 @@
 """Decision latency of the live scheduler: one signals read (store + Kafka lag) plus the policy, per tick.
 
-On a PostgreSQL store of ≥ 1M tokens (``--executions`` synthetic ~700K-token executions), a live run,
+On a PostgreSQL store of ≥ 1M tokens (``--executions`` synthetic executions of ``--calls`` model calls:
+300 make ~700K tokens; the signal queries scale with executions and run items, not tokens), a live run,
 16 cells with 200 role decisions, and, when Kafka is reachable, a 4-partition topic with records and
 stored offsets behind its log end. The ticks run once on the machine as it is and, with
 ``--stress N``, once more while ``stress-ng --cpu N`` loads every core; both are printed side by side
@@ -86,7 +87,8 @@ def ticks_ms(reader: LiveSignalReader, policy: ElasticPolicy, ticks: int) -> dic
             "meets_target": p99 <= TARGET_P99_MS}
 
 
-def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int, stress: int = 0) -> dict[str, Any]:
+def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int, stress: int = 0,
+            calls: int = 300) -> dict[str, Any]:
     """Decision latency on a fresh database of ``admin_url``'s server (dropped afterwards)."""
     name = f"sapwood_bench_sched_{uuid.uuid4().hex[:8]}"
     kw = admin_kwargs(admin_url)
@@ -97,11 +99,12 @@ def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int, 
     try:
         store = Store.open(url)
         tokens = 0
+        t0 = time.perf_counter()
         for i in range(executions):
-            t0 = time.perf_counter()
-            w = synthetic_execution(SynthConfig(seed=200 + i), run_id="bench", task_id=f"t-{i}")
+            w = synthetic_execution(SynthConfig(seed=200 + i, calls=calls), run_id="bench", task_id=f"t-{i}")
             tokens += store.apply(w.events).tokens
-            log(f"loaded execution {i + 1}/{executions} ({tokens:,} tokens so far) in {time.perf_counter() - t0:.1f} s")
+            if (i + 1) % max(1, executions // 10) == 0:
+                log(f"loaded {i + 1}/{executions} executions ({tokens:,} tokens) in {time.perf_counter() - t0:.1f} s")
         with store.transaction() as conn:
             runs.create_run(conn, "live", runs.ExecutionFilter(run_id="bench"), kind="live")
         now = time.time()
@@ -126,7 +129,8 @@ def latency(admin_url: str, bootstrap: str | None, executions: int, ticks: int, 
         reader.close()
         lag = None
         store.close()
-        out: dict[str, Any] = {"store_tokens": tokens, "executions": executions, "kafka_partitions": partitions,
+        out: dict[str, Any] = {"store_tokens": tokens, "executions": executions, "calls_per_execution": calls,
+                               "kafka_partitions": partitions,
                                "ticks": ticks, "target_p99_ms": TARGET_P99_MS, **idle,
                                "ingest_lag_total": s.ingest_lag_total, "backlog_executions": s.backlog_executions}
         if loaded is not None:
@@ -166,6 +170,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ticks", type=int, default=200)
     p.add_argument("--executions", type=int, default=2, help="~700K-token synthetic executions in the store")
+    p.add_argument("--calls", type=int, default=300, help="model calls per execution (300: ~700K tokens)")
     p.add_argument("--stress", type=int, default=0, metavar="N", help="run the ticks again under stress-ng --cpu N")
     p.add_argument("--admin-url", default=os.environ.get("SAPWOOD_BENCH_DATABASE_URL")
                    or os.environ.get("SAPWOOD_TEST_DATABASE_URL"))
@@ -175,7 +180,7 @@ def main() -> None:
     if not a.admin_url:
         raise SystemExit("no PostgreSQL admin URL: --admin-url or SAPWOOD_BENCH_DATABASE_URL")
     print(json.dumps({"bench": "decision_latency", **latency(a.admin_url, a.bootstrap, a.executions, a.ticks,
-                                                             a.stress)}))
+                                                             a.stress, a.calls)}))
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ class GatedLag(KafkaLag):
 def test_log_end_offsets_are_cached_between_ticks_and_refreshed_in_the_background(tmp_path: Path) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
     lag = GatedLag()
-    reader = LiveSignalReader(store.engine, batch_size=4, lag=lag)
+    reader = LiveSignalReader(store.engine, batch_size=4, lag=lag, lag_refresh_s=0.0)
     try:
         first = reader.read()
         assert [p.log_end for p in first.ingest_lag] == [100], "the first tick waits for an answer"
@@ -149,6 +149,19 @@ def test_log_end_offsets_are_cached_between_ticks_and_refreshed_in_the_backgroun
         lag.gate.set()
         wait_until(lambda: lag.asked == 3, 30, "request 3 answered")
         assert [p.log_end for p in reader.read().ingest_lag] == [300]
+    finally:
+        reader.close()
+        store.close()
+
+
+def test_log_end_offsets_are_asked_for_at_most_once_per_refresh_interval(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    lag = GatedLag()
+    reader = LiveSignalReader(store.engine, batch_size=4, lag=lag, lag_refresh_s=3600.0)
+    try:
+        for _ in range(5):
+            assert [p.log_end for p in reader.read().ingest_lag] == [100]
+        assert lag.asked == 1, "within the interval every tick uses the cached answer"
     finally:
         reader.close()
         store.close()

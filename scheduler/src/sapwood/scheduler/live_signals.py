@@ -9,10 +9,12 @@
   lost), recent switch phases, and the ingest's stored offsets;
 * ingest lag per partition: log-end offsets from Kafka's admin API (``ListOffsets`` through a persistent
   :class:`kafka.KafkaAdminClient`) minus those stored offsets. The log-end offsets are cached between
-  ticks: each tick uses the newest answer and asks for the next one in the background (at most one
-  request in flight), so a tick never waits on the broker after the first. The lag a tick reports is
-  at most one tick interval (plus one ``ListOffsets``) older than the stored offsets it is set against,
-  so it can read high by what arrived meanwhile, never low.
+  ticks: each tick uses the newest answer and, once ``lag_refresh_s`` has passed since the last
+  request, asks for the next one in the background (at most one request in flight), so a tick never
+  waits on the broker after the first, and the client's work (pure Python, sharing the interpreter
+  with the tick) runs at most once per ``lag_refresh_s``. The log end a tick uses is at most
+  ``lag_refresh_s`` plus one ``ListOffsets`` old, older than the stored offsets it is set against, so
+  the lag can read low by what was produced meanwhile (bounded by that age), never high.
 """
 
 from __future__ import annotations
@@ -91,9 +93,11 @@ class LiveSignalReader:
     lag: KafkaLag | None = None
     window_s: float = 600.0
     lost_after_s: float = 30.0
+    lag_refresh_s: float = 1.0
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _ends: dict[int, int] | None = field(default=None, init=False, repr=False)
     _asking: Future[dict[int, int]] | None = field(default=None, init=False, repr=False)
+    _asked_at: float = field(default=-float("inf"), init=False, repr=False)
     _runs: LiveRuns = field(default_factory=LiveRuns, init=False, repr=False)
 
     def close(self) -> None:
@@ -112,11 +116,15 @@ class LiveSignalReader:
         assert self.lag is not None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="sapwood-lag")
-        if self._asking is None:
-            self._asking = self._pool.submit(self.lag.log_end)
-        if self._ends is None or self._asking.done():
-            done, self._asking = self._asking, self._pool.submit(self.lag.log_end)
+        if self._asking is not None and (self._ends is None or self._asking.done()):
+            done, self._asking = self._asking, None
             self._ends = done.result()
+        now = time.monotonic()
+        if self._asking is None and (self._ends is None or now - self._asked_at >= self.lag_refresh_s):
+            self._asking, self._asked_at = self._pool.submit(self.lag.log_end), now
+            if self._ends is None:
+                return self.log_end()
+        assert self._ends is not None
         return self._ends
 
     def read(self, now: float | None = None) -> Signals:
