@@ -64,7 +64,7 @@ def score_event(store: Store, eid: str, score: float) -> PartialScore:
 def terminate_listener(store: Store) -> int:
     with store.engine.connect() as conn:
         return len(conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                        "WHERE application_name = :n"),
+                                        "WHERE application_name = :n AND datname = current_database()"),
                                 {"n": LISTENER_NAME}).all())
 
 
@@ -152,8 +152,8 @@ def test_without_the_trigger_versions_are_queried(keys: Keys, pg_store: Store,
 def test_shutdown_closes_the_listener(keys: Keys, pg_store: Store, writers: list[ExecutionWriter]) -> None:
     def listeners() -> int:
         with pg_store.engine.connect() as conn:
-            return int(conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :n"),
-                                    {"n": LISTENER_NAME}).scalar_one())
+            return int(conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :n "
+                                            "AND datname = current_database()"), {"n": LISTENER_NAME}).scalar_one())
 
     with make_client(pg_store) as client:
         reader = services(client).versions

@@ -107,13 +107,16 @@ def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(pg_url
 
 
 def _terminate_busy(admin: psycopg.Connection, app_name: str) -> int:
-    """Terminates the ingest's backends that are inside a statement or a transaction; returns how many.
+    """Terminates the ingest's backends that are inside a batch's transaction; returns how many.
 
-    An idle pooled connection is not counted: the pool replaces it silently (pre-ping), so killing
-    it tests nothing; a backend killed mid-batch makes that batch fail and be retried.
+    A batch's transaction is one that has written (PostgreSQL gave it a transaction id). Neither an idle
+    pooled connection (the pool replaces it silently: pre-ping) nor one still setting itself up (the
+    driver's and SQLAlchemy's first queries on a new connection) is killed: killing those tests nothing,
+    and killing every new connection during its set-up would keep ingest from ever reaching a batch. A
+    backend killed mid-batch makes that batch fail and be retried.
     """
     rows = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                         " WHERE application_name = %s AND state IS DISTINCT FROM 'idle'", (app_name,)).fetchall()
+                         " WHERE application_name = %s AND backend_xid IS NOT NULL", (app_name,)).fetchall()
     return sum(1 for (ok,) in rows if ok)
 
 
