@@ -2,8 +2,8 @@
 
 ``sapwood runs add-prompts RUN --from FILE`` reads a dataset (:func:`read_dataset`: JSONL, Parquet, or a
 Hugging Face ``datasets`` folder saved with ``save_to_disk``) and queues ``samples_per_prompt`` samples
-of every prompt for each of ``epochs`` epochs. Rollout workers claim samples
-(``PromptClient.claim``), record one execution per sample, and a sample is done when that execution finished
+of every prompt for each of ``epochs`` epochs. Rollout workers claim samples (the recorder SDK's
+``claim_prompt``), record one execution per sample, and a sample is done when that execution finished
 in the store; the semantics (leases, re-issue, abandoned executions) are
 :mod:`sapwood.platform.storage.prompts_sql`'s.
 

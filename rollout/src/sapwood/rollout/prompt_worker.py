@@ -41,7 +41,7 @@ def work(url: str, run_id: str, worker: str, *, lease_s: float, calls: int, idle
     with Recorder(InProcessTransport(store, batch_size=1), run_id=run_id, vocab_size=500) as rec:
         deadline = time.monotonic() + idle_s
         while True:
-            lease = client.claim(rec)
+            lease = rec.claim_prompt(client)
             if lease is None:
                 if time.monotonic() > deadline:
                     return done

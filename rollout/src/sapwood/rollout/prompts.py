@@ -5,7 +5,7 @@ out, and start the sample's execution (which records the sample id).
 
     client = PromptClient(store, "run-1", lease_s=120)
     with Recorder(transport, run_id="run-1") as rec:
-        while (lease := client.claim(rec)) is not None:
+        while (lease := rec.claim_prompt(client)) is not None:
             with lease.keep_alive():          # renews every lease_s / 3 in the background
                 ex = lease.start()            # execution metadata: prompt_sample_id, epoch, ...
                 ...                           # tokenize lease.sample.prompt, record calls
@@ -90,7 +90,7 @@ class PromptLease:
         ``prompt_sample_id``/``prompt_run_id``/``epoch``) and record it as the sample's attempt."""
         rec = recorder or self.recorder
         if rec is None:
-            raise ValueError("no recorder: pass one to start() or to claim()")
+            raise ValueError("no recorder: pass one to start() or claim through Recorder.claim_prompt")
         s = self.sample
         meta = {**s.metadata, **kw.pop("metadata", {}), "prompt_sample_id": s.sample_id, "prompt_run_id": s.run_id,
                 "epoch": s.epoch, "attempt": s.attempt}

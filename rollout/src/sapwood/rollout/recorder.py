@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
 
@@ -60,6 +60,14 @@ HEADER_ALLOWANCE = 64 * 1024
 #: A node id, or an event that created one (call → its output, observation/prompt → its node,
 #: segment boundary → the new segment's root).
 NodeRef = str | Event
+
+Lease = TypeVar("Lease", covariant=True)
+
+
+class PromptSource(Protocol[Lease]):
+    """Where prompt samples are claimed from (:class:`sapwood.rollout.prompts.PromptClient` is one)."""
+
+    def claim(self, recorder: Recorder | None = None) -> Lease | None: ...
 
 
 class Recorder:
@@ -104,6 +112,11 @@ class Recorder:
         if prompt is not None:
             ex.prompt(prompt, source="prompt")
         return ex
+
+    def claim_prompt(self, prompts: PromptSource[Lease]) -> Lease | None:
+        """Claim the next prompt sample of ``prompts``' run under a lease (None when none is available);
+        :meth:`~sapwood.rollout.prompts.PromptLease.start` then starts its execution on this recorder."""
+        return prompts.claim(self)
 
     # -- delivery failures --------------------------------------------------------------------------
     def _note_failures(self, exc: DeliveryError) -> None:
