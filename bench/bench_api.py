@@ -299,6 +299,7 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
     p.add_argument("--only", default="", help=f"comma-separated subset of {','.join(CLASSES)}")
     p.add_argument("--keep", action="store_true", help="keep (and reuse) the benchmark database")
+    p.add_argument("--cold-only", action="store_true", help="skip the warm (cache on) server")
     args = p.parse_args()
     if not args.admin_url:
         sys.exit("no PostgreSQL: pass --admin-url or set SAPWOOD_TEST_DATABASE_URL (python scripts/services.py start)")
@@ -337,6 +338,8 @@ def main() -> None:
                 files[name].write_text("\n".join(urls[name]) + "\n")
             result["store_reconstruct_ms"] = {}
             for name in ("audit", "audit_long"):
+                if name not in classes:
+                    continue
                 store_ms = store_reconstruction_ms(url, [u.split("/")[3] for u in urls[name][:200]])
                 result["store_reconstruct_ms"][name] = {
                     "p50": round(statistics.median(store_ms), 2),
@@ -345,13 +348,14 @@ def main() -> None:
             result["worker_rss_mb_after_cold"] = cold_server.worker_rss_mb()
         finally:
             cold_server.stop()
-        warm_server = Server(url, args.workers, {})
-        try:
-            warm_up(warm_server, key, files, script, passes=3)
-            result["warm"] = run_classes(warm_server, key, files, levels, args.duration, script, "warm")
-            result["worker_rss_mb_after_warm"] = warm_server.worker_rss_mb()
-        finally:
-            warm_server.stop()
+        if not args.cold_only:
+            warm_server = Server(url, args.workers, {})
+            try:
+                warm_up(warm_server, key, files, script, passes=3)
+                result["warm"] = run_classes(warm_server, key, files, levels, args.duration, script, "warm")
+                result["worker_rss_mb_after_warm"] = warm_server.worker_rss_mb()
+            finally:
+                warm_server.stop()
     targets: dict[str, Any] = {}
     for name in ("audit", "audit_long"):
         if name in result["cold"]:
@@ -360,8 +364,8 @@ def main() -> None:
             targets[f"cold_{name}_p50_vs_store"] = {"value": round(ratio, 2), "target": TARGET_AUDIT_VS_STORE,
                                                     "met": ratio <= TARGET_AUDIT_VS_STORE}
     for phase in ("cold", "warm"):
-        for name in ("tree", "audit", "audit_long"):
-            at16 = next((r for r in result[phase].get(name, []) if r["clients"] == 16), None)
+        for name in ("tree", "trajectory", "audit", "audit_long", "listing"):
+            at16 = next((r for r in result.get(phase, {}).get(name, []) if r["clients"] == 16), None)
             if at16:
                 targets[f"{phase}_{name}_p99_ms_at_16"] = {"value": at16["p99_ms"], "target": TARGET_P99_MS_AT_16,
                                                            "met": at16["p99_ms"] <= TARGET_P99_MS_AT_16}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,12 @@ def keys(pg_store: Store) -> Keys:
 def client(pg_store: Store) -> Iterator[TestClient]:
     with make_client(pg_store) as c:
         yield c
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """An empty store on each backend."""
+    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 's.db'}"
+    store = Store.open(url)
+    yield store
+    store.close()

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import io
 import socket
+import struct
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
+import uvicorn
 
 from sapwood.api import ApiSettings, create_app
 from sapwood.api.queries.export import ExportRows, ParquetExport
@@ -141,3 +144,51 @@ def test_stalled_downloads_starve_nothing_and_are_dropped(pg_wide: Store) -> Non
             for s in stalled:
                 s.close()
     assert exports.running == 0
+
+
+def _wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.02)
+
+
+DROPPED_EXPORT_EXECUTIONS = 6
+
+
+@pytest.fixture
+def pg_wider(pg_url: str) -> Iterator[Store]:
+    store = Store.open(pg_url)
+    _load_wide(store, DROPPED_EXPORT_EXECUTIONS)
+    yield store
+    store.close()
+
+
+def test_a_client_that_drops_mid_download_frees_its_connections(pg_wider: Store) -> None:
+    """The client resets its socket after the first bytes, long before the send timeout: its export
+    slot, its database connection and the server's connection are all released, and the export stops
+    reading (it does not run on into a closed socket)."""
+    keys = make_keys(pg_wider)
+    settings = ApiSettings(api_export_concurrency=2, api_export_pool_size=2, api_export_send_timeout_s=600.0)
+    app = create_app(settings, store=pg_wider)
+    exports = app.state.sapwood.exports
+    checkouts: list[int] = []
+    sa.event.listen(exports.engine, "checkout", lambda *_: checkouts.append(1))
+    servers: list[uvicorn.Server] = []
+    with serve_in_thread(app, servers=servers) as base:
+        state = servers[0].server_state
+        _wait_for("no connection before the test", lambda: len(state.connections) == 0)
+        sock = _stalled_export(base, keys.read)
+        try:
+            assert sock.recv(12).startswith(b"HTTP/1.1 200")  # the download has started, and is not read on
+            _wait_for("the export running", lambda: exports.running == 1)
+            assert len(state.connections) == 1
+        finally:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # drop (RST), mid-stream
+            sock.close()
+        _wait_for("the export's slot freed", lambda: exports.running == 0)
+        _wait_for("its database connections returned", lambda: exports.engine.pool.checkedout() == 0)
+        _wait_for("the server's connection closed", lambda: len(state.connections) == 0)
+        assert app.state.sapwood.store.engine.pool.checkedout() == 0
+        # one connection per execution read (and one per page of the listing): not all were read
+        assert len(checkouts) < DROPPED_EXPORT_EXECUTIONS

@@ -12,7 +12,6 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,17 +26,6 @@ from sapwood.platform import schema as t
 from sapwood.platform.store import Store
 from tests.support.api_client import Keys, TestClient, load_executions, make_client, make_keys
 from tests.support.live_server import sapwood_serve, serve_in_thread
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "postgresql":
-        url = request.getfixturevalue("pg_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'hostile.db'}"
-    store = Store.open(url)
-    yield store
-    store.close()
 
 
 def deep(levels: int) -> Any:

@@ -8,11 +8,8 @@ hypothesis directly: schemathesis' pytest plugin does not support pytest 9's nod
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -45,14 +42,6 @@ def checked(strategy: Any, headers: dict[str, str], *, positive: bool) -> Any:
         case.call_and_validate(headers=headers, checks=CHECKS)
 
     return run
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 's.db'}"
-    store = Store.open(url)
-    yield store
-    store.close()
 
 
 def test_generated_requests_never_get_a_server_error(any_store: Store) -> None:

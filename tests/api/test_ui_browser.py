@@ -329,6 +329,30 @@ def test_a_16k_node_tree_draws_in_under_a_second(page: Page, served: Served) -> 
     assert served.console == []
 
 
+def test_the_trajectory_table_renders_only_the_rows_in_view(page: Page, served: Served) -> None:
+    """The big execution's hundreds of trajectories: a few dozen rows in the DOM, the last reached by scrolling."""
+    eid = served.big.execution_id
+    leaves = [t["leaf_node_id"] for t in served.api(f"/v1/executions/{eid}/trajectories")["items"]]
+    assert len(leaves) > 200
+    login(page, served)
+    page.wait_for_selector("text=rollout-a")
+    goto(page, served, f"#/execution/{eid}")
+    page.wait_for_selector("#trajectories[data-rows]")
+    assert page.get_attribute("#trajectories", "data-rows") == str(len(leaves))
+    in_dom = page.locator("#trajectories tr.row").count()
+    assert 0 < in_dom < 60
+    assert page.get_attribute("#trajectories", "data-first") == "0"
+    page.eval_on_selector("#trajectories", "t => { t.scrollTop = t.scrollHeight; }")
+    page.wait_for_function("n => document.querySelector('#trajectories').dataset.last === String(n - 1)",
+                           arg=len(leaves))
+    assert 0 < page.locator("#trajectories tr.row").count() < 60
+    last_link = page.locator("#trajectories tr.row").last.locator("a").get_attribute("href")
+    assert last_link == f"#/node/{leaves[-1]}"
+    scroll = page.eval_on_selector("#trajectories", "t => [t.scrollHeight, t.clientHeight]")
+    assert scroll[0] >= 28 * len(leaves)  # the spacers keep the scrollbar the full table's length
+    assert served.console == []
+
+
 def test_bidi_controls_are_shown_escaped_in_logical_order(page: Page, served: Served) -> None:
     w = served.bidi
     (root,) = [n for n in served.api(f"/v1/executions/{w.execution_id}/tree")["nodes"] if n["role"] == "prompt"]

@@ -20,7 +20,7 @@ from tests.support.histories import small_execution
 
 pytestmark = pytest.mark.postgres
 
-HEAD = "0009"
+HEAD = "0010"
 #: the projections revision 0001 already has (0007 added the cells, decisions and switch phases)
 OLD_PROJECTIONS = [tb for tb in t.PROJECTION_TABLES if tb.name not in {"cells", "scheduler_decisions", "switch_phases"}]
 

@@ -24,12 +24,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: FastAPI, *, timeout_s: float = 30.0, http: Any = "auto") -> Iterator[str]:
+def serve_in_thread(app: FastAPI, *, timeout_s: float = 30.0, http: Any = "auto",
+                    servers: list[uvicorn.Server] | None = None) -> Iterator[str]:
     """Serve ``app`` with uvicorn (httptools, as ``sapwood serve``; ``http``: another protocol class) and
-    yield its base URL."""
+    yield its base URL. ``servers``, when given, receives the uvicorn server (its open connections)."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                                            http=http))
+    if servers is not None:
+        servers.append(server)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

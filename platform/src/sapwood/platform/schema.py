@@ -277,6 +277,19 @@ api_keys = Table(
     Column("revoked", Boolean, nullable=False),
 )
 
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("principal", String(32), primary_key=True, comment="key_id of the API key that sent the request"),
+    Column("idempotency_key", String(128), primary_key=True, comment="the Idempotency-Key header"),
+    Column("route", String(300), nullable=False, comment="method and path of the first request"),
+    Column("request_digest", LargeBinary(32), nullable=False,
+           comment="SHA-256 of method, path and the canonical JSON of the validated body"),
+    Column("status", Integer, nullable=False, comment="HTTP status of the stored answer"),
+    Column("body", LargeBinary, nullable=False, comment="JSON body of the stored answer"),
+    Column("created_at", Float, nullable=False),
+)
+
 cells = Table(
     "cells",
     metadata,

@@ -6,10 +6,12 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy.engine import Connection
 from starlette.concurrency import run_in_threadpool
 
 from sapwood.api import writes
 from sapwood.api.deps import CursorQuery, FilterDep, LimitDep, ReadKey, ServicesDep, WriteKey
+from sapwood.api.idempotency import Answer, IdempotencyKey, idempotent, json_bytes
 from sapwood.api.queries import audit as audit_q
 from sapwood.api.queries import executions as q
 from sapwood.api.queries import trees
@@ -127,18 +129,23 @@ def list_scores(execution_id: uuid.UUID, services: ServicesDep, _key: ReadKey) -
 
 @router.post("/{execution_id}/scores", response_model=ScoreOut, status_code=201,
              responses={**NOT_FOUND, **CONFLICT, **TOO_LARGE})
-async def add_score(execution_id: uuid.UUID, body: ScoreCreate, services: ServicesDep,
-                    _key: WriteKey) -> dict[str, Any]:
-    """Record a new partial-score revision (a ``partial_score`` event) of a finished execution."""
+async def add_score(execution_id: uuid.UUID, body: ScoreCreate, request: Request, services: ServicesDep,
+                    key: WriteKey, idempotency_key: IdempotencyKey = None) -> Response:
+    """Record a new partial-score revision (a ``partial_score`` event) of a finished execution.
+
+    With an ``Idempotency-Key``, a retry gets the first answer instead of a second revision.
+    """
     eid = str(execution_id)
     token = services.versions.token()
+    seqs: list[int] = []
 
-    def write() -> tuple[dict[str, Any], int]:
-        with services.write() as conn:
-            out = writes.add_score(conn, eid, score=body.score, components=body.components, scorer=body.scorer,
-                              note=body.note, expected_revision=body.expected_revision)
-            return out, trees.execution_version(conn, eid)  # the row is locked until the commit
+    def work(conn: Connection) -> Answer:
+        out = writes.add_score(conn, eid, score=body.score, components=body.components, scorer=body.scorer,
+                               note=body.note, expected_revision=body.expected_revision)
+        seqs.append(trees.execution_version(conn, eid))  # the row is locked until the commit
+        return Answer(201, json_bytes(ScoreOut, out))
 
-    out, seq = await run_in_threadpool(write)
-    services.versions.written(eid, seq, token)  # this worker's next tree shows it, without waiting for the notify
-    return out
+    response, fresh = await run_in_threadpool(idempotent, services, key, idempotency_key, request, body, work)
+    if fresh:  # this worker's next tree shows it, without waiting for the notify
+        services.versions.written(eid, seqs[-1], token)
+    return response

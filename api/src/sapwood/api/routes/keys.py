@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request, Response
+from sqlalchemy.engine import Connection
 
 from sapwood.api import auth
 from sapwood.api.deps import AdminKey, ServicesDep
+from sapwood.api.errors import error_body
+from sapwood.api.idempotency import HEADER, Answer, IdempotencyKey, idempotent, json_bytes
 from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, TOO_LARGE
 from sapwood.api.schemas import KeyCreate, KeyCreated, KeyList, KeyOut
 
@@ -21,12 +25,23 @@ def list_keys(services: ServicesDep, _key: AdminKey) -> dict[str, Any]:
         return {"items": auth.list_keys(conn)}
 
 
-@router.post("", response_model=KeyCreated, status_code=201, responses={**TOO_LARGE})
-def create_key(body: KeyCreate, services: ServicesDep, _key: AdminKey) -> dict[str, Any]:
-    """Issue a key; the response is the only time its secret is shown (only its SHA-256 is stored)."""
-    with services.write() as conn:
+@router.post("", response_model=KeyCreated, status_code=201, responses={**CONFLICT, **TOO_LARGE})
+def create_key(body: KeyCreate, request: Request, services: ServicesDep, admin: AdminKey,
+               idempotency_key: IdempotencyKey = None) -> Response:
+    """Issue a key; the response is the only time its secret is shown (only its SHA-256 is stored).
+
+    With an ``Idempotency-Key``, a retry issues no second key: since the secret is stored nowhere,
+    it answers 409 naming the key issued first (revoke that one if its answer was lost).
+    """
+
+    def work(conn: Connection) -> Answer:
         key, record = auth.create_key(conn, body.name, body.scopes)
-    return {**record, "key": key}
+        refused = error_body("conflict", f"key {record['key_id']} was already issued for this {HEADER}; its secret "
+                             f"is shown only once: revoke it (DELETE /v1/keys/{record['key_id']}) if its answer was "
+                             "lost, and create another with a new key")
+        return Answer(201, json_bytes(KeyCreated, {**record, "key": key}), replay=(409, json.dumps(refused).encode()))
+
+    return idempotent(services, admin, idempotency_key, request, body, work)[0]
 
 
 @router.delete("/{key_id}", response_model=KeyOut, responses={**NOT_FOUND, **CONFLICT})

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request, Response
+from sqlalchemy.engine import Connection
 
 from sapwood.api import writes
 from sapwood.api.deps import CursorQuery, LimitDep, ReadKey, ServicesDep, WriteKey
+from sapwood.api.idempotency import Answer, IdempotencyKey, idempotent, json_bytes
 from sapwood.api.queries import executions as q
 from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, TOO_LARGE
 from sapwood.api.schemas import NO_NUL, RunCreate, RunCreated, RunItemsPage, RunOut, RunPage
@@ -26,17 +28,23 @@ def list_runs(services: ServicesDep, _key: ReadKey, limit: LimitDep, cursor: Cur
 
 
 @router.post("", response_model=RunCreated, status_code=201, responses={**CONFLICT, **TOO_LARGE})
-def create_run(body: RunCreate, services: ServicesDep, _key: WriteKey) -> dict[str, Any]:
+def create_run(body: RunCreate, request: Request, services: ServicesDep, key: WriteKey,
+               idempotency_key: IdempotencyKey = None) -> Response:
     """Create a training run from historical executions.
 
     A ``replay`` run snapshots the *finished* executions matching ``filter`` now, in an order fixed
     by ``seed``: the same filter and seed over the same history give the same executions in the
     same order. Learners then claim them (with their recorded rollout log-probs) through the run's queue.
+    With an ``Idempotency-Key``, a retry gets the first answer (the same run) instead of a new run.
     """
-    try:
-        with services.write() as conn:
-            return writes.create_run(conn, run_id=body.run_id, kind=body.kind, flt=body.filter, seed=body.seed,
+
+    def work(conn: Connection) -> Answer:
+        out = writes.create_run(conn, run_id=body.run_id, kind=body.kind, flt=body.filter, seed=body.seed,
                                 description=body.description, config=body.config)
+        return Answer(201, json_bytes(RunCreated, out))
+
+    try:
+        return idempotent(services, key, idempotency_key, request, body, work)[0]
     except ConflictError as exc:
         if from_driver(exc):  # a concurrent request created the same id between the check and the insert
             raise ConflictError(f"run {body.run_id!r} already exists") from None

@@ -50,6 +50,44 @@ function table(columns, rows, emptyText) {
     el("tbody", {}, rows.map((r) => el("tr", {}, columns.map((c) => el("td", { class: c.cls }, c.cell(r)))))));
 }
 
+// A table of more than VIRTUAL_AFTER rows keeps only the rows in view (and OVERSCAN more each side) in the
+// DOM: rows have a fixed height (ROW_PX, style.css), spacer rows above and below keep the scrollbar true.
+const VIRTUAL_AFTER = 200, ROW_PX = 28, OVERSCAN = 8, VIEW_PX = 420;
+
+function virtualTable(columns, rows, id) {
+  if (rows.length <= VIRTUAL_AFTER) return table(columns, rows);
+  const tbody = el("tbody", {});
+  const box = el("div", { class: "virtual-table", id, dataset: { rows: rows.length } },
+    el("table", {}, el("thead", {}, el("tr", {}, columns.map((c) => el("th", {}, c.label)))), tbody));
+  const spacer = (n) => {
+    const tr = el("tr", { class: "spacer" }, el("td", { colSpan: columns.length }));
+    tr.style.height = `${n * ROW_PX}px`;
+    return tr;
+  };
+  let shown = "";
+  const draw = () => {
+    const top = box.scrollTop, height = box.clientHeight || VIEW_PX;
+    const a = Math.max(0, Math.floor(top / ROW_PX) - OVERSCAN);
+    const b = Math.min(rows.length, Math.ceil((top + height) / ROW_PX) + OVERSCAN);
+    if (shown === `${a}:${b}`) return;
+    shown = `${a}:${b}`;
+    tbody.replaceChildren(spacer(a),
+      ...rows.slice(a, b).map((r, i) => el("tr", { class: "row", dataset: { index: a + i } },
+        columns.map((c) => el("td", { class: c.cls }, c.cell(r))))),
+      spacer(rows.length - b));
+    box.dataset.first = a;
+    box.dataset.last = b - 1;
+  };
+  let pending = false;
+  box.addEventListener("scroll", () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; draw(); });
+  });
+  draw();
+  return box;
+}
+
 function setStatus(text, isError) {
   const s = $("status");
   s.textContent = text || "";
@@ -242,13 +280,13 @@ async function pageExecution(executionId) {
     tree.truncated ? el("p", { class: "error" }, `truncated: ${tree.nodes.length} of ${tree.n_nodes_total} nodes`) : null,
     renderTree(tree),
     el("h2", {}, "Trajectories (one per leaf)"),
-    table([
+    virtualTable([
       { label: "leaf", cell: (r) => link(`#/node/${r.leaf_node_id}`, short(r.leaf_node_id), "mono") },
       { label: "segments", cell: (r) => r.n_segments },
       { label: "tokens", cell: (r) => r.n_tokens },
       { label: "trainable", cell: (r) => r.n_trainable },
       { label: "reward / partial score", cell: (r) => leafOutcome(ex, r.leaf_node_id, r.reward) },
-    ], trajectories.items),
+    ], trajectories.items, "trajectories"),
     el("h2", {}, "Score revisions"),
     table([
       { label: "revision", cell: (r) => r.revision }, { label: "score", cell: (r) => fmt(r.score) },
