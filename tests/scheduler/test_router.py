@@ -155,8 +155,11 @@ def test_a_reroute_hint_to_a_full_cell_is_queued_not_dropped() -> None:
     router = Router()
     for cid in ("x", "y"):
         router.add_cell(cid, FakeCell(cid), 1, "rollout")
-    router.load["x"] = 1  # the hinted target is full; y is free
-    router.hints["k"] = "x"
+    router.load.update({"x": 1, "y": 1})
+    hinted = str(router.plan_reroute(["k"], "src")["k"])
+    assert router.reserved[hinted] == 1
+    other = "y" if hinted == "x" else "x"
+    router.load[other] = 0  # the other cell frees first: the hinted call keeps waiting for its target
     result: dict[str, Any] = {}
 
     async def scenario() -> None:
@@ -164,12 +167,14 @@ def test_a_reroute_hint_to_a_full_cell_is_queued_not_dropped() -> None:
         for _ in range(20):
             await asyncio.sleep(0.001)
         assert not task.done(), "the router waits for the hinted cell"
-        router.load["x"] = 0
+        router.load[hinted] = 0
+        assert await router._pick("new", None) == other, "a new call does not take the slot reserved there"
         router._changed.set()
         result["cell"] = await task
 
     run(scenario())
-    assert result["cell"] == "x"
+    assert result["cell"] == hinted
+    assert router.reserved[hinted] == 0
 
 
 def test_a_dead_cell_is_marked_lost_and_never_picked_again() -> None:

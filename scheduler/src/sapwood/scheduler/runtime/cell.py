@@ -140,7 +140,9 @@ class Cell:
                 if self.decode_delay_s > 0:
                     call.abort.wait(self.decode_delay_s * scale)
             else:
-                finish = "length"
+                # all tokens sampled; aborted during the last token's modelled delay: answered as aborted
+                # with the whole output (the router completes it without a continuation)
+                finish = None if call.abort.is_set() else "length"
             if past is not None:
                 self.kv.put(session, KVEntry(tuple(fed), version, past))
             out = {"output_ids": np.asarray(call.output, dtype=np.int32),

@@ -53,6 +53,7 @@ class Router:
         self.rerouted_keys: dict[str, str] = {}
         self.pending_reroute: set[str] = set()
         self.sessions: dict[str, str] = {}
+        self.reserved: dict[str, int] = {}
         self.no_cell_timeout_s = no_cell_timeout_s
         self.sticky_wait_s, self.hint_wait_s = sticky_wait_s, hint_wait_s
         self.counts = {"calls": 0, "attempts": 0, "rerouted": 0, "aborted": 0, "cell_lost": 0, "refused": 0,
@@ -85,7 +86,9 @@ class Router:
             target = free[0] if free else None
             out[key] = target
             if target is not None:
+                self._drop_hint(key)
                 self.hints[key] = target
+                self.reserved[target] = self.reserved.get(target, 0) + 1  # the next free slot there is its
                 extra[target] = extra.get(target, 0) + 1
             self.pending_reroute.add(key)
         return out
@@ -99,28 +102,40 @@ class Router:
             await asyncio.sleep(0.002)
         return True
 
+    def _drop_hint(self, key: str) -> str | None:
+        """Forget ``key``'s hint and free the slot reserved for it; returns the hinted cell."""
+        hint = self.hints.pop(key, None)
+        if hint is not None:
+            self.reserved[hint] -= 1
+        return hint
+
     def _eligible(self) -> list[str]:
         return [c for c, r in self.roles.items() if r == "rollout" and c not in self.draining and c not in self.lost]
 
     async def _pick(self, key: str, session: str | None) -> str | None:
-        """A cell with a free slot: the switch's hint for ``key`` (waited for up to ``hint_wait_s``), else the
-        session's sticky cell (up to ``sticky_wait_s``), else the least loaded; None after
-        ``no_cell_timeout_s``."""
+        """A cell with a free slot: the switch's hint for ``key`` (the next slot freed there is reserved for
+        it, waited for up to ``hint_wait_s``), else the session's sticky cell (up to ``sticky_wait_s``),
+        else the least loaded; None after ``no_cell_timeout_s``."""
         now = time.monotonic()
         deadline = now + self.no_cell_timeout_s
-        hint = self.hints.pop(key, None)
-        prefer, prefer_until = (hint, now + self.hint_wait_s) if hint is not None else (
-            self.sessions.get(session or ""), now + self.sticky_wait_s)
+        hint_until, sticky_until = now + self.hint_wait_s, now + self.sticky_wait_s
         while True:
             eligible = self._eligible()
-            free = [c for c in eligible if self.load[c] < self.capacity[c]]
-            if prefer in free:
-                if hint is None:
+            hint = self.hints.get(key)
+            if hint is not None:
+                if hint in eligible and self.load[hint] < self.capacity[hint]:
+                    return str(self._drop_hint(key))
+                if hint not in eligible or time.monotonic() > hint_until:
+                    self._drop_hint(key)
+                    hint = None
+            if hint is None:
+                free = [c for c in eligible if self.load[c] + self.reserved.get(c, 0) < self.capacity[c]]
+                sticky = self.sessions.get(session or "")
+                if sticky in free:
                     self.counts["sticky"] += 1
-                return prefer
-            waiting_for_prefer = prefer in eligible and time.monotonic() < prefer_until
-            if free and not waiting_for_prefer:
-                return min(free, key=lambda c: self.load[c] / self.capacity[c])
+                    return sticky
+                if free and not (sticky in eligible and time.monotonic() < sticky_until):
+                    return min(free, key=lambda c: self.load[c] / self.capacity[c])
             if time.monotonic() > deadline:
                 return None
             self._changed.clear()
@@ -182,14 +197,14 @@ class Router:
                     self.counts["aborted"] += 1
                     kept_ids += [int(t) for t in res["output_ids"]]
                     kept_lps += [float(x) for x in res["logprobs"]]
-                    if len(kept_ids) >= budget:  # aborted after its last token: nothing left to continue
-                        res = {**res, "status": "ok", "output_ids": [], "logprobs": [], "finish_reason": "length",
-                               "timings": {}}
-                        return self._joined(res, input_ids, kept_ids, kept_lps, start_version, attempts)
                 attempts.append({"cell_id": cid, "status": status, "reason": res.get("reason", "")})
+                if status == "aborted" and len(kept_ids) >= budget:  # aborted after its last token: complete
+                    res = {**res, "status": "ok", "output_ids": [], "logprobs": [], "finish_reason": "length",
+                           "timings": {}}
+                    return self._joined(res, input_ids, kept_ids, kept_lps, start_version, attempts)
         finally:
             self.pending_reroute.discard(key)
-            self.hints.pop(key, None)
+            self._drop_hint(key)
 
     def _joined(self, res: dict[str, Any], input_ids: list[int], kept_ids: list[int], kept_lps: list[float],
                 start_version: int | None, attempts: list[dict[str, Any]]) -> dict[str, Any]:
