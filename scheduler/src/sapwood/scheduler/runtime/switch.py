@@ -92,9 +92,9 @@ class CheaperHandoff:
     ``chosen`` lists ``(session, "migrate" | "recompute")`` of the last transfer.
     """
 
-    migrate_overhead_s: float = 0.004
-    migrate_bytes_per_s: float = 200e6
-    recompute_s_per_token: float = 2e-5
+    migrate_overhead_s: float = 0.012
+    migrate_bytes_per_s: float = 150e6
+    recompute_s_per_token: float = 6.5e-5
     name: str = "cheaper"
     chosen: list[tuple[str, str]] = field(default_factory=list)
 
