@@ -50,7 +50,7 @@ def main() -> None:
             ray.get(src.prefill.remote("s", ids))
             nbytes = int(ray.get(src.kv_info.remote("s"))["bytes"])
             m = timed(lambda: ray.get(dst.import_kv.remote("s", ray.get(src.export_kv.remote("s")))))
-            c = timed(lambda: ray.get(dst.prefill.remote("s2", ids)))
+            c = timed(lambda ids=ids: ray.get(dst.prefill.remote("s2", ids)))
             if r:
                 mig.append(m)
                 rec.append(c)
