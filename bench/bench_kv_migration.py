@@ -41,6 +41,8 @@ def main() -> None:
     torch.manual_seed(0)
     state = TinyActorCritic(cfg).state_dict()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    src: Any
+    dst: Any
     src, dst = (CellActor.options(max_concurrency=4).remote(c, cfg, state, role="rollout") for c in ("src", "dst"))
     rows = []
     for n in lengths:

@@ -73,7 +73,7 @@ def test_a_switch_moves_the_kv_and_the_call_continues_from_its_partial_output(ha
         out = res["output_ids"].tolist()
         assert len(out) == BUDGET
         target = ray.get(cells["c1"].status.remote())
-        if handoff == "migrate":
+        if isinstance(moves, MigrateHandoff):
             assert target["kv_imports"] == 1
             assert target["fed_tokens"] == BUDGET - k, "c1 fed only the last partial token and its own tokens"
             assert moves.moved[0][2], "the target kept the imported KV (same weights)"

@@ -20,7 +20,7 @@ import abc
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -137,7 +137,7 @@ class _Trunk(nn.Module):
         x = self.tok(tokens) + self.pos(position)
         cache: KVCache = []
         for i, block in enumerate(self.blocks):
-            x, kv = block.step(x, past[i] if past else None)
+            x, kv = cast(_Block, block).step(x, past[i] if past else None)
             cache.append(kv)
         out: Tensor = self.ln(x)
         return out, cache
