@@ -7,10 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 from sapwood.rollout.engines import SamplingParams
-from sapwood.scheduler.runtime.cell import Cell, input_digest, params_from_dict
+from sapwood.scheduler.runtime.call_digest import input_digest
+from sapwood.scheduler.runtime.cell import Cell, params_from_dict
 from tests.support.elastic_runtime import initial_state, model_config
 
 PARAMS = SamplingParams(max_new_tokens=6).to_dict()
@@ -77,37 +79,87 @@ def test_a_full_cell_refuses_and_a_drained_one_admits_nothing_new() -> None:
     assert "draining" in refused["reason"]
 
 
-def test_abort_discards_the_partial_output_and_answers_after_release() -> None:
+def test_abort_keeps_the_partial_output_and_answers_after_release() -> None:
     cell = make_cell(decode_delay_s=0.2)
     call = InThread(cell, "k", SamplingParams(max_new_tokens=50).to_dict())
     wait_for(lambda: cell.status()["in_flight"] == 1, "the call in flight")
     cell.drain()
     assert not cell.wait_idle(0.01), "the call is still running after a short grace"
-    assert cell.abort_inflight() == [("k", IDS)]
+    [(key, session, ids)] = cell.abort_inflight()
+    assert (key, session) == ("k", "k"), "without a session the call key names the KV"
     call.thread.join(0.3)
     assert call.thread.is_alive(), "an aborted call waits for release_aborted (the KV handoff runs first)"
     cell.release_aborted()
     res = call.join()
     assert res["status"] == "aborted"
-    assert "partial output discarded" in res["reason"]
-    assert "output_ids" not in res
+    assert "partial output kept" in res["reason"]
+    partial = res["output_ids"].tolist()
+    assert 1 <= len(partial) < 50
+    assert ids == IDS + partial, "abort_inflight names the ids the continuation is fed"
+    assert len(res["logprobs"]) == len(partial)
+    assert cell.kv_info("k") == {"tokens": len(IDS) + len(partial) - 1, "bytes": cell.kv.peek("k").nbytes,  # type: ignore[union-attr]
+                                 "version": 0}
     assert cell.status()["aborted"] == 1
     assert cell.status()["served"] == 0
 
 
-def test_prefill_is_used_by_the_reissued_call_and_loads_clear_it() -> None:
+def test_prefill_is_used_by_the_continuing_call_and_loads_clear_it() -> None:
     cell = make_cell()
-    assert cell.prefill(IDS) >= 0
-    assert cell.generate("k", IDS, PARAMS)["status"] == "ok"
+    assert cell.prefill("s", IDS) >= 0
+    params = {**PARAMS, "session": "s"}
+    res = cell.generate("k", IDS, params)
+    assert res["status"] == "ok"
     assert cell.status()["prefix_hits"] == 1
-    cell.prefill(IDS)
+    assert cell.status()["fed_tokens"] == len(res["output_ids"]) - 1, "the prefilled input is not fed again"
+    cell.prefill("s", IDS)
     cell.load_state(initial_state(seed=1), version=3)
-    res = cell.generate("k2", IDS, PARAMS)
+    res = cell.generate("k2", IDS, params)
     assert res["policy_version"] == 3
-    assert cell.status()["prefix_hits"] == 1, "a prefix computed on old weights is not reused"
+    assert cell.status()["prefix_hits"] == 1, "a KV computed on old weights is not reused"
     version, state = cell.params()
     assert version == 3
     assert set(state) == set(initial_state())
+
+
+def test_an_executions_next_call_reuses_its_kv_and_samples_what_a_fresh_prefill_would() -> None:
+    sticky, fresh = make_cell(seed=5), make_cell(seed=5)
+    first = sticky.generate("c1", IDS, {**PARAMS, "session": "e"})
+    assert fresh.generate("c1", IDS, {**PARAMS, "session": "x1"})["output_ids"].tolist() == first["output_ids"].tolist()
+    nxt = IDS + first["output_ids"].tolist() + [5, 6]  # the agent loop appends the observation
+    fed_before = sticky.status()["fed_tokens"]
+    a = sticky.generate("c2", nxt, {**PARAMS, "session": "e"})
+    b = fresh.generate("c2", nxt, {**PARAMS, "session": "x2"})
+    cached = len(IDS) + len(first["output_ids"]) - 1
+    assert sticky.status()["prefix_hits"] == 1
+    assert sticky.status()["reused_tokens"] == cached
+    assert sticky.status()["fed_tokens"] - fed_before == len(nxt) - cached + len(a["output_ids"]) - 1
+    assert fresh.status()["prefix_hits"] == 0
+    assert a["output_ids"].tolist() == b["output_ids"].tolist()
+    np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+
+
+def test_an_input_that_does_not_extend_the_cached_tokens_recomputes() -> None:
+    cell = make_cell()
+    cell.generate("c1", IDS, {**PARAMS, "session": "e"})
+    cell.generate("c2", [9, 9, 9, 9, 9, 9], {**PARAMS, "session": "e"})
+    assert cell.status()["prefix_hits"] == 0
+
+
+def test_the_kv_cache_evicts_the_least_recently_used_session_by_bytes() -> None:
+    probe = make_cell()
+    probe.generate("p", IDS, {**PARAMS, "stop_token_ids": (), "session": "p"})
+    one = probe.kv.peek("p").nbytes  # type: ignore[union-attr]
+    cell = make_cell(kv_cache_bytes=2 * one)
+    for s in ("a", "b", "c"):
+        cell.generate(s, IDS, {**PARAMS, "stop_token_ids": (), "session": s})
+    st = cell.status()
+    assert st["kv_sessions"] == 2
+    assert st["kv_bytes"] == 2 * one
+    assert st["kv_evictions"] == 1
+    assert cell.kv_info("a") is None, "the least recently used session went first"
+    assert cell.kv_info("c") is not None
+    with pytest.raises(ValueError, match="KV cache budget must be ≥ 0 bytes"):
+        make_cell(kv_cache_bytes=-1)
 
 
 def test_roles_and_capacity_are_checked() -> None:

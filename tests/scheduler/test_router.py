@@ -8,19 +8,20 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 
+from sapwood.scheduler.runtime.call_digest import input_digest
 from sapwood.scheduler.runtime.router import Router
 
 Answer = Callable[[str, list[int]], dict[str, Any]]
 
 
 class _Method:
-    def __init__(self, fn: Answer) -> None:
+    def __init__(self, fn: Callable[[str, list[int], dict[str, Any]], dict[str, Any]]) -> None:
         self.fn = fn
 
     def remote(self, key: str, input_ids: list[int], params: dict[str, Any]) -> Any:
         async def call() -> dict[str, Any]:
             await asyncio.sleep(0)
-            return self.fn(key, input_ids)
+            return self.fn(key, input_ids, params)
 
         return call()
 
@@ -28,15 +29,18 @@ class _Method:
 class FakeCell:
     """Stands in for a cell actor handle: ``generate.remote(...)`` answers with ``answer``; records the calls."""
 
-    def __init__(self, cell_id: str, answer: Answer | None = None) -> None:
+    def __init__(self, cell_id: str, answer: Answer | None = None, version: int = 0) -> None:
         self.cell_id = cell_id
         self.calls: list[tuple[str, list[int]]] = []
+        self.params: list[dict[str, Any]] = []
 
         def ok(key: str, ids: list[int]) -> dict[str, Any]:
-            return {"status": "ok", "output_ids": [9], "cell_id": cell_id}
+            return {"status": "ok", "output_ids": [9], "logprobs": [-0.5], "cell_id": cell_id,
+                    "policy_version": version, "input_digest": input_digest(ids)}
 
-        def record(key: str, ids: list[int]) -> dict[str, Any]:
+        def record(key: str, ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
             self.calls.append((key, ids))
+            self.params.append(params)
             return (answer or ok)(key, ids)
 
         self.generate = _Method(record)
@@ -64,27 +68,113 @@ def test_a_call_goes_to_a_rollout_cell_and_comes_back_with_no_attempts() -> None
     assert router.stats()["rerouted"] == 0
 
 
-def test_an_aborted_attempt_is_reissued_with_the_same_input_ids_elsewhere() -> None:
-    router = Router()
+def aborting(router: Router, partial: list[int], version: int = 0) -> Answer:
+    """A cell's answer when a switch moves it (a) out of rollout and b in, after ``partial`` tokens."""
 
-    def abort_and_switch(key: str, ids: list[int]) -> dict[str, Any]:  # a switch moves a out of rollout
+    def answer(key: str, ids: list[int]) -> dict[str, Any]:
         router.set_role("a", "train")
         router.set_role("b", "rollout")
-        return {"status": "aborted", "reason": "switch", "discarded_tokens": 3}
+        return {"status": "aborted", "reason": "switch", "output_ids": partial, "logprobs": [-1.0] * len(partial),
+                "policy_version": version, "input_digest": input_digest(ids), "cell_id": "a"}
 
-    aborting, other = FakeCell("a", abort_and_switch), FakeCell("b")
-    router.add_cell("a", aborting, 1, "rollout")
+    return answer
+
+
+def test_an_aborted_call_continues_elsewhere_from_its_partial_output() -> None:
+    router = Router()
+    source = FakeCell("a")
+    source.generate = FakeCell("a", aborting(router, [5, 6])).generate
+    other = FakeCell("b")
+    router.add_cell("a", source, 1, "rollout")
     router.add_cell("b", other, 1, "idle")
-    done = run(router.generate([7, 8, 9], {}))
+    done = run(router.generate([7, 8, 9], {"max_new_tokens": 4}))
     assert done["status"] == "ok"
     assert done["cell_id"] == "b"
     assert [x["cell_id"] for x in done["attempts"]] == ["a"]
-    assert other.calls[0][1] == aborting.calls[0][1] == [7, 8, 9]
-    assert other.calls[0][0] == aborting.calls[0][0], "the re-issued attempt is the same logical call"
+    assert other.calls[0][1] == [7, 8, 9, 5, 6], "the continuation is fed input + partial output"
+    assert other.params[0]["max_new_tokens"] == 2, "with the remaining token budget"
+    assert done["output_ids"].tolist() == [5, 6, 9]
+    assert done["logprobs"].tolist() == [-1.0, -1.0, -0.5]
+    assert done["input_digest"] == input_digest([7, 8, 9]), "one call, on the original input"
+    assert done["continued_tokens"] == 2
+    assert done["version_changed"] is False
     stats = router.stats()
     assert stats["aborted"] == 1
     assert stats["rerouted"] == 1
-    assert stats["discarded_tokens"] == 3
+    assert stats["continued_tokens"] == 2
+
+
+def test_a_call_continued_on_newer_weights_keeps_its_start_version_and_says_so() -> None:
+    router = Router()
+    source = FakeCell("a")
+    source.generate = FakeCell("a", aborting(router, [5], version=3)).generate
+    router.add_cell("a", source, 1, "rollout")
+    router.add_cell("b", FakeCell("b", version=4), 1, "idle")
+    done = run(router.generate([7], {"max_new_tokens": 3}))
+    assert done["policy_version"] == 3
+    assert done["policy_versions"] == [3, 4]
+    assert done["version_changed"] is True
+    assert router.stats()["version_changed"] == 1
+
+
+def test_a_call_aborted_after_its_last_token_is_complete() -> None:
+    router = Router()
+    source = FakeCell("a")
+    source.generate = FakeCell("a", aborting(router, [5, 6])).generate
+    other = FakeCell("b")
+    router.add_cell("a", source, 1, "rollout")
+    router.add_cell("b", other, 1, "idle")
+    done = run(router.generate([7], {"max_new_tokens": 2}))
+    assert done["output_ids"].tolist() == [5, 6]
+    assert other.calls == []
+
+
+def test_an_answer_for_other_input_ids_is_an_error() -> None:
+    router = Router()
+    router.add_cell("a", FakeCell("a", lambda k, ids: {"status": "ok", "input_digest": input_digest([0])}), 1,
+                    "rollout")
+    res = run(router.generate([1, 2], {}))
+    assert res["status"] == "error"
+    assert "other input ids" in res["reason"]
+
+
+def test_a_session_sticks_to_its_cell_while_it_is_in_rollout() -> None:
+    router = Router()
+    a, b = FakeCell("a"), FakeCell("b")
+    router.add_cell("a", a, 4, "rollout")
+    router.add_cell("b", b, 4, "rollout")
+    run(router.generate([1], {"session": "e"}))
+    first = "a" if a.calls else "b"
+    router.load[first] = 3  # busier than the other cell, still a free slot
+    run(router.generate([1, 9, 2], {"session": "e"}))
+    assert len((a if first == "a" else b).calls) == 2
+    assert router.stats()["sticky"] == 1
+
+
+def test_a_reroute_hint_to_a_full_cell_is_queued_not_dropped() -> None:
+    router = Router()
+    for cid in ("x", "y"):
+        router.add_cell(cid, FakeCell(cid), 1, "rollout")
+    router.load.update({"x": 1, "y": 1})
+    hinted = str(router.plan_reroute(["k"], "src")["k"])
+    assert router.reserved[hinted] == 1
+    other = "y" if hinted == "x" else "x"
+    router.load[other] = 0  # the other cell frees first: the hinted call keeps waiting for its target
+    result: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(router._pick("k", None))
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+        assert not task.done(), "the router waits for the hinted cell"
+        router.load[hinted] = 0
+        assert await router._pick("new", None) == other, "a new call does not take the slot reserved there"
+        router._changed.set()
+        result["cell"] = await task
+
+    run(scenario())
+    assert result["cell"] == hinted
+    assert router.reserved[hinted] == 0
 
 
 def test_a_dead_cell_is_marked_lost_and_never_picked_again() -> None:

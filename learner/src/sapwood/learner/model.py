@@ -20,7 +20,7 @@ import abc
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,7 @@ from sapwood.learner.losses import metric_floats
 __all__ = [
     "ActorCriticBackend",
     "ForwardOutput",
+    "KVCache",
     "LossFn",
     "PackedModel",
     "PolicyBackend",
@@ -72,6 +73,11 @@ class TinyTransformerConfig:
             raise ConfigError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
 
 
+KVCache = list[tuple[Tensor, Tensor]]
+"""Past keys and values of one sequence, per layer: ``[(k, v)] * n_layers``, each ``[heads, n, head_dim]``
+for the ``n`` tokens at positions ``0..n-1`` (what ``TinyActorCritic.actor_step`` takes and returns)."""
+
+
 class _Block(nn.Module):
     """Pre-LayerNorm transformer block using ``scaled_dot_product_attention`` with a bool mask."""
 
@@ -93,6 +99,21 @@ class _Block(nn.Module):
         x = x + self.proj(a.transpose(0, 1).reshape(t, d))
         return x + self.mlp(self.ln2(x))
 
+    def step(self, x: Tensor, past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Causal attention of ``t`` new tokens over ``n`` past ones. x: [t, D]; past: ``(k, v)`` each
+        [H, n, Dh] or None (n = 0). Returns ``(x [t, D], (k, v) [H, n + t, Dh])``."""
+        t, d = x.shape
+        h = self.n_heads
+        q, k, v = self.qkv(self.ln1(x)).view(t, 3, h, d // h).permute(1, 2, 0, 3)  # 3 x [H, t, Dh]
+        if past is not None:
+            k = torch.cat([past[0], k], dim=1)
+            v = torch.cat([past[1], v], dim=1)
+        n = k.shape[1] - t
+        mask = torch.ones(t, n + t, dtype=torch.bool, device=x.device).tril(diagonal=n)  # new i sees j <= n + i
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [H, t, Dh]
+        x = x + self.proj(a.transpose(0, 1).reshape(t, d))
+        return x + self.mlp(self.ln2(x)), (k, v)
+
 
 class _Trunk(nn.Module):
     def __init__(self, cfg: TinyTransformerConfig) -> None:
@@ -108,6 +129,19 @@ class _Trunk(nn.Module):
             x = block(x, attn_mask)
         out: Tensor = self.ln(x)
         return out
+
+    def step(self, tokens: Tensor, past: KVCache | None) -> tuple[Tensor, KVCache]:
+        """Incremental causal forward: ``tokens`` [t] at positions ``n..n+t-1`` after the ``n`` tokens
+        of ``past`` (None: n = 0). Returns ``(hidden [t, D], cache of n + t tokens)``."""
+        n = 0 if not past else int(past[0][0].shape[1])
+        position = torch.arange(n, n + int(tokens.numel()), device=tokens.device)
+        x = self.tok(tokens) + self.pos(position)
+        cache: KVCache = []
+        for i, block in enumerate(self.blocks):
+            x, kv = cast(_Block, block).step(x, past[i] if past else None)
+            cache.append(kv)
+        out: Tensor = self.ln(x)
+        return out, cache
 
 
 class TinyActorCritic(nn.Module):
@@ -141,6 +175,28 @@ class TinyActorCritic(nn.Module):
         hv = h if self.critic is None else self.critic(tokens, position, attn_mask)
         values = self.value_head(hv).squeeze(-1)
         return logits, values
+
+    def actor_step(self, tokens: Tensor, past: KVCache | None = None) -> tuple[Tensor, KVCache]:
+        """Next-token logits of ``tokens`` [t] appended to the sequence ``past`` caches (actor trunk only).
+
+        Args:
+            tokens: [t] int64 new token ids, at positions ``n..n+t-1``.
+            past: ``KVCache`` of the ``n`` earlier tokens (None or empty: none).
+
+        Returns:
+            ``(logits [t, V], KVCache of n + t tokens)``; equal (to float rounding) to the logits of a
+            full causal ``forward`` over all ``n + t`` tokens at the last ``t`` positions.
+
+        Raises:
+            ConfigError: a position would reach ``max_position``.
+        """
+        n = 0 if not past else int(past[0][0].shape[1])
+        if n + int(tokens.numel()) > self.cfg.max_position:
+            raise ConfigError(f"position {n + int(tokens.numel()) - 1} >= max_position {self.cfg.max_position} "
+                              f"({n} cached + {int(tokens.numel())} new tokens)")
+        h, cache = self.actor.step(tokens, past)
+        logits: Tensor = self.lm_head(h)
+        return logits, cache
 
     def actor_parameters(self) -> list[nn.Parameter]:
         """Parameters the policy loss trains (the shared trunk included when shared)."""

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
+from sapwood.learner.model import KVCache, TinyActorCritic, TinyTransformerConfig
 from sapwood.platform.errors import ValidationError
 from sapwood.rollout.engines import (
     Engine,
@@ -28,11 +28,18 @@ from sapwood.rollout.engines import (
     load_model_state,
 )
 
-__all__ = ["LocalTorchEngine", "sampling_logprobs"]
+__all__ = ["LocalTorchEngine", "kv_cache_bytes", "sampling_logprobs"]
+
+
+def kv_cache_bytes(cache: KVCache) -> int:
+    """Bytes of a ``KVCache``'s tensors."""
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in cache)
 
 
 class LocalTorchEngine(Engine):
-    """Samples from a ``TinyActorCritic`` on CPU, one full forward per generated token.
+    """Samples from a ``TinyActorCritic`` on CPU: one prefill of the input, then one incremental
+    forward per generated token over the cached past keys/values (``kv_cache=False``: the old full
+    recompute of the whole sequence per token, kept as the reference and for the benchmark).
 
     The log-prob of each token is read from the same computation the learner does
     (``tree_forward`` on a path is a causal forward with positions ``0..n-1``), so with
@@ -57,6 +64,7 @@ class LocalTorchEngine(Engine):
         refresh_interval_s: float = 0.0,
         seed: int = 0,
         logprobs: Literal["sampling", "model"] = "sampling",
+        kv_cache: bool = True,
     ) -> None:
         if logprobs not in ("sampling", "model"):
             raise ValidationError(f"logprobs must be 'sampling' or 'model', got {logprobs!r}")
@@ -68,6 +76,7 @@ class LocalTorchEngine(Engine):
         self.latest = latest
         self.refresh_interval_s = refresh_interval_s
         self.logprob_mode = logprobs
+        self.kv_cache = kv_cache
         self.generator = torch.Generator().manual_seed(seed)
         self._last_check = -float("inf")
         self._lock = threading.Lock()
@@ -105,6 +114,16 @@ class LocalTorchEngine(Engine):
         logits: torch.Tensor = self.model.lm_head(h[-1])
         return logits
 
+    def extend(self, new_ids: Sequence[int] | torch.Tensor,
+               past: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+        """Feed ``new_ids`` [t ≥ 1] after the tokens ``past`` caches; returns ``(logits [V] of the next
+        token, cache of all tokens)``. Call under ``torch.inference_mode()``."""
+        ids = torch.as_tensor(new_ids, dtype=torch.int64).reshape(-1)
+        if ids.numel() == 0:
+            raise EngineError("extend needs at least one new token id")
+        logits, cache = self.model.actor_step(ids, past)
+        return logits[-1].float(), cache
+
     def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
         self.refresh()
         ids = check_input(input_ids)
@@ -120,15 +139,22 @@ class LocalTorchEngine(Engine):
         with self._lock, torch.inference_mode():
             version = self._version
             seq = torch.tensor(ids, dtype=torch.int64)
+            past: KVCache | None = None
+            pending = seq  # tokens not yet fed to the model
             for _ in range(params.max_new_tokens):
-                logits = self.next_token_logits(seq).float()
+                if self.kv_cache:
+                    logits, past = self.extend(pending, past)
+                else:
+                    logits = self.next_token_logits(seq).float()
                 model_logp = torch.log_softmax(logits, dim=-1)
                 sample_logp = sampling_logprobs(logits, params.temperature, params.top_p)
                 token = int(torch.multinomial(sample_logp.exp(), 1, generator=self.generator))
                 lp = sample_logp[token] if self.logprob_mode == "sampling" else model_logp[token]
                 out.append(token)
                 lps.append(float(lp))
-                seq = torch.cat([seq, torch.tensor([token])])
+                pending = torch.tensor([token])
+                if not self.kv_cache:
+                    seq = torch.cat([seq, pending])
                 if token in stop:
                     finish = "stop"
                     break

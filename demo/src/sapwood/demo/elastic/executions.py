@@ -26,7 +26,7 @@ from sapwood.demo.tasks import BranchState, KeyRecallConfig, KeyRecallEnv, KeyTa
 from sapwood.demo.worker import run_execution
 from sapwood.rollout.engines import Engine, EngineError, Generation, SamplingParams
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
-from sapwood.scheduler.runtime.cell import input_digest
+from sapwood.scheduler.runtime.call_digest import input_digest
 from sapwood.scheduler.runtime.store_writer import RayStoreTransport
 
 __all__ = ["CountingEnv", "ExecutionActor", "ExecutionOutcome", "ExecutionPool", "RoutedEngine", "run_executions"]
@@ -55,8 +55,9 @@ class RoutedEngine(Engine):
     name = "ray-router/local-torch"
 
     def __init__(self, router: Any, *, on_call: Callable[[dict[str, Any]], None] | None = None,
-                 decode_scale: float = 1.0) -> None:
+                 decode_scale: float = 1.0, session: str | None = None) -> None:
         self.router = router
+        self.session = session
         self.decode_scale = decode_scale
         self._version = 0
         self.on_call = on_call
@@ -69,6 +70,8 @@ class RoutedEngine(Engine):
         body = params.to_dict()
         if self.decode_scale != 1.0:
             body["decode_scale"] = self.decode_scale
+        if self.session is not None:
+            body["session"] = self.session  # sticky cell and KV reuse across the execution's calls
         ids = [int(t) for t in input_ids]
         res = ray.get(self.router.generate.remote(ids, body))
         if res.get("status") != "ok":
@@ -81,6 +84,8 @@ class RoutedEngine(Engine):
         self._version = int(res["policy_version"])
         timings = dict(res["timings"])
         timings["attempts"] = float(len(res["attempts"]) + 1)
+        timings["continued_tokens"] = float(res.get("continued_tokens", 0))
+        timings["version_changed"] = float(bool(res.get("version_changed", False)))
         return Generation(output_ids=res["output_ids"], logprobs=res["logprobs"], policy_version=self._version,
                           finish_reason=res["finish_reason"], timings=timings)
 
@@ -129,7 +134,8 @@ class ExecutionActor:
         self.calls = 0
         self.rerouted = 0
         self.cells: dict[str, int] = {}
-        self.engine = RoutedEngine(router, on_call=self._on_call, decode_scale=decode_scale)
+        self.engine = RoutedEngine(router, on_call=self._on_call, decode_scale=decode_scale,
+                                   session=execution_id)
         self.recorder = _NamedRecorder(RayStoreTransport(writer, execution_id=execution_id), run_id=run_id,
                                        engine=self.engine.name, vocab_size=task_config.vocab_size,
                                        task_family="key-recall")

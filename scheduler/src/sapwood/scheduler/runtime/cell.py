@@ -2,22 +2,25 @@
 
 In the rollout role the cell serves engine calls with the local torch engine
 (:class:`~sapwood.rollout.torch_engine.LocalTorchEngine`: the learner's ``TinyActorCritic`` on CPU), at
-most ``capacity`` at a time, token by token so that a call can be aborted between two tokens. A
-draining cell refuses new calls; an aborted call answers ``aborted`` and its partial output is
-discarded (see :meth:`Cell.abort_inflight` for why). The cell holds no execution state: agent loops
-and environments live in their own actors (:mod:`~sapwood.demo.elastic.executions`).
+most ``capacity`` at a time, decoding incrementally over a KV cache, token by token so that a call can
+be aborted between two tokens. Each execution's KV stays on the cell between its calls
+(:class:`~sapwood.scheduler.runtime.kv_store.KVStore`, keyed by the call's ``session``, LRU by bytes):
+a next call whose input extends the cached tokens feeds only the new suffix. A draining cell refuses
+new calls; an aborted call answers ``aborted`` with its partial output, and its KV can be exported to
+the target cell through Ray's object store (:meth:`Cell.export_kv` / :meth:`Cell.import_kv`) or
+recomputed there (:meth:`Cell.prefill`). Agent loops and environments live in their own actors
+(:mod:`~sapwood.demo.elastic.executions`).
 
 ``decode_delay_s`` adds a sleep after each generated token (× the call's ``decode_scale``), standing in
 for a larger model's per-token latency on a CPU where the tiny model decodes in microseconds (0 in
 production). Loading weights swaps in a new engine: calls in flight finish on the weights they
-started with, so a load never aborts a call.
+started with, so a load never aborts a call; it empties the KV cache (computed on the old weights).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -25,18 +28,13 @@ import numpy as np
 from sapwood.platform.events import CELL_ROLES
 from sapwood.rollout.engines import SamplingParams, load_model_state
 from sapwood.rollout.torch_engine import LocalTorchEngine, sampling_logprobs
+from sapwood.scheduler.runtime.call_digest import input_digest
+from sapwood.scheduler.runtime.kv_store import KVEntry, KVStore
 
 __all__ = ["Cell", "input_digest", "params_from_dict"]
 
-PREFIX_CACHE = 64
-
-
-def input_digest(input_ids: list[int]) -> str:
-    """BLAKE2b-128 of the int32 little-endian input ids: what a cell echoes so the caller can check that
-    the attempt that completed saw exactly its input."""
-    import hashlib
-
-    return hashlib.blake2b(np.asarray(input_ids, dtype="<i4").tobytes(), digest_size=16).hexdigest()
+KV_CACHE_BYTES = 64 << 20
+"""Default per-cell KV cache budget (bytes)."""
 
 
 def params_from_dict(d: dict[str, Any]) -> SamplingParams:
@@ -47,20 +45,24 @@ def params_from_dict(d: dict[str, Any]) -> SamplingParams:
 
 
 class _Call:
-    def __init__(self, key: str, input_ids: list[int]) -> None:
+    def __init__(self, key: str, session: str, input_ids: list[int]) -> None:
         self.key = key
+        self.session = session
         self.input_ids = input_ids
         self.abort = threading.Event()
         self.release = threading.Event()
+        self.stopped = threading.Event()  # set once an aborted call stored its KV and partial output
+        self.output: list[int] = []
         self.generated = 0
 
 
 class Cell:
-    """A cell; ``model_config`` is a ``TinyTransformerConfig`` and ``state`` its ``state_dict``."""
+    """A cell; ``model_config`` is a ``TinyTransformerConfig`` and ``state`` its ``state_dict``;
+    ``kv_cache_bytes`` bounds the per-execution KV cache (LRU by bytes)."""
 
     def __init__(self, cell_id: str, model_config: Any, state: dict[str, Any], *, version: int = 0,
                  capacity: int = 1, tier: str = "core", role: str = "idle", seed: int = 0,
-                 decode_delay_s: float = 0.0) -> None:
+                 decode_delay_s: float = 0.0, kv_cache_bytes: int = KV_CACHE_BYTES) -> None:
         import torch
 
         torch.set_num_threads(1)
@@ -76,81 +78,105 @@ class Cell:
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._prefix: OrderedDict[tuple[int, tuple[int, ...]], Any] = OrderedDict()
+        self.kv = KVStore(kv_cache_bytes)
         self.served = 0
         self.aborted = 0
         self.prefix_hits = 0
+        self.reused_tokens = 0
+        self.fed_tokens = 0
+        self.kv_imports = 0
         self.loads = 0
 
     # -- serving ------------------------------------------------------------------------------------
     def generate(self, call_key: str, input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
         """Serve one call (``params``: ``SamplingParams.to_dict()``, optionally ``decode_scale`` × the
-        per-token delay): ``{"status": "ok", output_ids, logprobs, policy_version, finish_reason, timings}``,
-        or ``{"status": "refused" | "aborted", "reason"}`` (nothing of an aborted call is returned)."""
+        per-token delay and ``session``, the execution's key for its KV cache; default the call key):
+        ``{"status": "ok", output_ids, logprobs, policy_version, finish_reason, timings}``, or
+        ``{"status": "refused", "reason"}``, or ``{"status": "aborted", "reason", output_ids, logprobs,
+        policy_version}`` with the partial output sampled before the abort (the router continues it)."""
         import torch
 
+        params = dict(params)
+        scale = float(params.pop("decode_scale", 1.0))
+        session = str(params.pop("session", None) or call_key)
         with self._lock:
             if self.role != "rollout" or self.draining:
                 return {"status": "refused", "reason": f"cell {self.cell_id} is {self.role}"
                         f"{' and draining' if self.draining else ''}"}
             if len(self._calls) >= self.capacity:
                 return {"status": "refused", "reason": f"cell {self.cell_id} is full ({self.capacity} calls)"}
-            call = _Call(call_key, list(input_ids))
+            call = _Call(call_key, session, list(input_ids))
             self._calls[call_key] = call
         try:
-            params = dict(params)
-            scale = float(params.pop("decode_scale", 1.0))
             sp = params_from_dict(params)
             t0 = time.perf_counter()
             engine = self.engine  # a call finishes on the weights it started with; loads swap in a new engine
             version = engine.policy_version
-            seq = torch.tensor(call.input_ids, dtype=torch.int64)
-            out: list[int] = []
+            fed, past, logits = self._start_kv(session, call.input_ids, version)
+            pending = call.input_ids[len(fed):]
             lps: list[float] = []
-            finish = "length"
+            finish: str | None = None
             prefill_s = 0.0
             for i in range(sp.max_new_tokens):
                 if call.abort.is_set():
                     break
                 with self._model_lock, torch.inference_mode():
                     t_step = time.perf_counter()
-                    logits = self._prefix.pop((version, tuple(call.input_ids)), None) if i == 0 else None
-                    if logits is None:
-                        logits = engine.next_token_logits(seq).float()
-                    else:
-                        self.prefix_hits += 1
+                    if pending:
+                        logits, past = engine.extend(pending, past)
+                        fed.extend(pending)
+                        self.fed_tokens += len(pending)
                     if i == 0:
                         prefill_s = time.perf_counter() - t_step
                     logp = sampling_logprobs(logits, sp.temperature, sp.top_p)
                     token = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
-                out.append(token)
+                call.output.append(token)
                 lps.append(float(logp[token]))
-                call.generated = len(out)
-                seq = torch.cat([seq, torch.tensor([token])])
+                call.generated = len(call.output)
+                pending = [token]
                 if token in sp.stop_token_ids:
                     finish = "stop"
                     break
                 if self.decode_delay_s > 0:
                     call.abort.wait(self.decode_delay_s * scale)
-            if call.abort.is_set():
-                # The partial output is discarded, not continued elsewhere: its tokens were sampled
-                # by this cell and never reach the recorder, so an aborted attempt leaves no
-                # trainable tokens; the re-issued call samples afresh from the same input ids.
+            else:
+                # all tokens sampled; aborted during the last token's modelled delay: answered as aborted
+                # with the whole output (the router completes it without a continuation)
+                finish = None if call.abort.is_set() else "length"
+            if past is not None:
+                self.kv.put(session, KVEntry(tuple(fed), version, past))
+            out = {"output_ids": np.asarray(call.output, dtype=np.int32),
+                   "logprobs": np.minimum(np.asarray(lps, dtype=np.float32), 0.0), "policy_version": version,
+                   "cell_id": self.cell_id, "input_digest": input_digest(call.input_ids)}
+            if finish is None:
+                # Aborted between two tokens: the partial output and its KV stay (the KV under the
+                # session, for export to the target cell); the router continues the call there.
+                call.stopped.set()
                 call.release.wait(10.0)
                 with self._lock:
                     self.aborted += 1
-                return {"status": "aborted", "reason": f"aborted on {self.cell_id} after {len(out)} tokens "
-                        "(partial output discarded)", "discarded_tokens": len(out)}
+                return {"status": "aborted", "reason": f"aborted on {self.cell_id} after {len(call.output)} "
+                        "tokens (partial output kept)", **out}
             with self._lock:
                 self.served += 1
-            return {"status": "ok", "output_ids": np.asarray(out, dtype=np.int32),
-                    "logprobs": np.minimum(np.asarray(lps, dtype=np.float32), 0.0), "policy_version": version,
-                    "finish_reason": finish, "cell_id": self.cell_id, "input_digest": input_digest(call.input_ids),
+            return {"status": "ok", **out, "finish_reason": finish,
                     "timings": {"latency_s": time.perf_counter() - t0, "prefill_s": prefill_s}}
         finally:
+            call.stopped.set()
             with self._lock:
                 self._calls.pop(call_key, None)
                 self._idle.notify_all()
+
+    def _start_kv(self, session: str, input_ids: list[int], version: int) -> tuple[list[int], Any, Any]:
+        """``(tokens already fed, past KV, next-token logits or None)`` to start a call from: the
+        session's cached entry when it is reusable for ``input_ids`` (prefix reuse), else nothing."""
+        entry = self.kv.take(session)
+        if entry is None or not entry.reusable_for(input_ids, version):
+            return [], None, None
+        self.prefix_hits += 1
+        self.reused_tokens += len(entry.tokens)
+        logits = entry.logits if len(entry.tokens) == len(input_ids) else None
+        return list(entry.tokens), entry.past, logits
 
     # -- switch protocol ----------------------------------------------------------------------------
     def drain(self) -> int:
@@ -170,14 +196,17 @@ class Cell:
                 self._idle.wait(left)
             return True
 
-    def abort_inflight(self) -> list[tuple[str, list[int]]]:
-        """Abort every call in flight; returns ``(call_key, input_ids)`` of each. The aborted calls
-        answer only after :meth:`release_aborted` (so the KV handoff runs before they are re-issued)."""
+    def abort_inflight(self) -> list[tuple[str, str, list[int]]]:
+        """Abort every call in flight and wait until each stopped between two tokens; returns
+        ``(call_key, session, input ids + partial output)`` of each (what the continuation is fed). The
+        aborted calls answer only after :meth:`release_aborted` (so the KV handoff runs first)."""
         with self._lock:
             calls = list(self._calls.values())
         for c in calls:
             c.abort.set()
-        return [(c.key, c.input_ids) for c in calls]
+        for c in calls:
+            c.stopped.wait(30.0)
+        return [(c.key, c.session, c.input_ids + c.output) for c in calls]
 
     def release_aborted(self) -> None:
         with self._lock:
@@ -185,19 +214,53 @@ class Cell:
         for c in calls:
             c.release.set()
 
-    def prefill(self, input_ids: list[int]) -> float:
-        """Recompute the prefix state of ``input_ids`` (the next-token logits; the local engine keeps no
-        KV cache across tokens) and keep it for the call that re-issues them; returns seconds spent."""
+    def prefill(self, session: str, input_ids: list[int]) -> float:
+        """Recompute the KV of ``input_ids`` for ``session`` on this cell's weights (the recompute side of
+        a handoff) and keep it for the call that continues there; returns seconds spent."""
         import torch
 
         t0 = time.perf_counter()
         with self._model_lock, torch.inference_mode():
             engine = self.engine
-            logits = engine.next_token_logits(torch.tensor(input_ids, dtype=torch.int64)).float()
-            self._prefix[(engine.policy_version, tuple(input_ids))] = logits
-            while len(self._prefix) > PREFIX_CACHE:
-                self._prefix.popitem(last=False)
+            logits, past = engine.extend(input_ids)
+            self.kv.put(session, KVEntry(tuple(input_ids), engine.policy_version, past, logits))
         return time.perf_counter() - t0
+
+    def kv_info(self, session: str) -> dict[str, int] | None:
+        """``{"tokens", "bytes", "version"}`` of the session's cached KV, or None."""
+        entry = self.kv.peek(session)
+        if entry is None:
+            return None
+        return {"tokens": len(entry.tokens), "bytes": entry.nbytes, "version": entry.version}
+
+    def export_kv(self, session: str) -> list[Any]:
+        """Put the session's KV into Ray's object store (the CPU stand-in for an RDMA move); returns
+        ``[ObjectRef]`` (a list, so that Ray hands the caller the reference, not the tensors), or ``[]``."""
+        import ray
+
+        entry = self.kv.take(session)
+        if entry is None:
+            return []
+        return [ray.put({"tokens": entry.tokens, "version": entry.version,
+                         "past": [(k.contiguous(), v.contiguous()) for k, v in entry.past]})]
+
+    def import_kv(self, session: str, ref: list[Any]) -> dict[str, Any]:
+        """Take a session's KV that :meth:`export_kv` of another cell put into the object store. Kept only
+        when it was computed on the weights this cell serves (else the continuation recomputes); a full
+        cache evicts its least recently used sessions. Returns ``{"kept", "bytes", "seconds", "evicted"}``."""
+        import ray
+
+        t0 = time.perf_counter()
+        if not ref:
+            return {"kept": False, "bytes": 0, "seconds": 0.0, "evicted": []}
+        payload = ray.get(ref[0])
+        entry = KVEntry(tuple(payload["tokens"]), int(payload["version"]), list(payload["past"]))
+        kept = entry.version == self.engine.policy_version
+        evicted = self.kv.put(session, entry) if kept else []
+        if kept:
+            self.kv_imports += 1
+        return {"kept": kept and session not in evicted, "bytes": entry.nbytes,
+                "seconds": time.perf_counter() - t0, "evicted": evicted}
 
     def load_checkpoint(self, checkpoint: str, version: int) -> float:
         """Serve the policy in ``checkpoint`` as ``version``; returns seconds spent."""
@@ -212,7 +275,7 @@ class Cell:
         with self._model_lock:
             self.engine = engine
             self.loads += 1
-            self._prefix.clear()
+            self.kv.clear()
 
     def train_work(self, seconds: float) -> float:
         """This cell's share of a training step, modelled as ``seconds`` of occupancy (the demo's cost model:
@@ -247,5 +310,6 @@ class Cell:
         with self._lock:
             return {"cell_id": self.cell_id, "role": self.role, "tier": self.tier, "capacity": self.capacity,
                     "in_flight": len(self._calls), "draining": self.draining, "served": self.served,
-                    "aborted": self.aborted, "prefix_hits": self.prefix_hits,
+                    "aborted": self.aborted, "prefix_hits": self.prefix_hits, "reused_tokens": self.reused_tokens,
+                    "fed_tokens": self.fed_tokens, "kv_imports": self.kv_imports, **self.kv.stats(),
                     "policy_version": self.engine.policy_version}

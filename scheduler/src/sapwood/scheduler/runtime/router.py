@@ -1,11 +1,24 @@
-"""The router: sends each engine call to a rollout cell and re-issues it when that attempt is lost.
+"""The router: sends each engine call to a rollout cell, keeps an execution on one cell, and continues a
+call elsewhere when its attempt is lost.
+
+Sticky: a call that names a ``session`` (its execution's key) goes to the cell that served the session's
+previous call while that cell is in rollout (waiting up to ``sticky_wait_s`` for a free slot there),
+so the cell's KV of the execution is reused.
 
 An attempt is lost when its cell aborts it (a switch's grace period ran out) or dies (``ray.kill``,
-a crash: :class:`ray.exceptions.RayActorError`). The router then sends the *same* input ids to
-another rollout cell (the switch's KV-handoff target when one was named) and keeps going until an
-attempt completes; only that one is returned, so the execution records exactly one TITO call per
-logical call — none lost, none duplicated — and an aborted attempt's partial tokens never leave
-the cell.
+a crash: :class:`ray.exceptions.RayActorError`). An aborted attempt answers with its partial output:
+the router re-issues the call with input ids + partial output and the remaining token budget on
+another rollout cell (the switch's KV-handoff target, waited for up to ``hint_wait_s`` when it is full:
+the hint is queued, not dropped), and the answer is partial + continuation, one call. A dead cell's
+partial output is lost with it; that call restarts from its input ids. Only the completing attempt's
+answer is returned, so the execution records exactly one TITO call per logical call — none lost,
+none duplicated.
+
+Policy version of a continued call: ``policy_version`` is the version at the call's start (the oldest
+weights any of its tokens came from), and when the continuation ran on other weights the answer says
+``version_changed: True`` with ``policy_versions`` ``[start, end]``. Every token's logged log-prob is
+the behaviour policy that sampled it either way, which is what the learner's importance ratios need;
+the staleness bound then measures the call from its oldest token (conservative).
 """
 
 from __future__ import annotations
@@ -16,7 +29,10 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
 from ray.exceptions import RayActorError
+
+from sapwood.scheduler.runtime.call_digest import input_digest
 
 __all__ = ["Router"]
 
@@ -25,7 +41,8 @@ class Router:
     """Routes calls over cells (an async Ray actor, made one in :mod:`.cluster`); ``add_cell`` registers each
     cell's actor handle, capacity and role."""
 
-    def __init__(self, *, no_cell_timeout_s: float = 120.0) -> None:
+    def __init__(self, *, no_cell_timeout_s: float = 120.0, sticky_wait_s: float = 1.0,
+                 hint_wait_s: float = 30.0) -> None:
         self.cells: dict[str, Any] = {}
         self.capacity: dict[str, int] = {}
         self.roles: dict[str, str] = {}
@@ -35,9 +52,12 @@ class Router:
         self.hints: dict[str, str] = {}
         self.rerouted_keys: dict[str, str] = {}
         self.pending_reroute: set[str] = set()
+        self.sessions: dict[str, str] = {}
+        self.reserved: dict[str, int] = {}
         self.no_cell_timeout_s = no_cell_timeout_s
+        self.sticky_wait_s, self.hint_wait_s = sticky_wait_s, hint_wait_s
         self.counts = {"calls": 0, "attempts": 0, "rerouted": 0, "aborted": 0, "cell_lost": 0, "refused": 0,
-                       "discarded_tokens": 0}
+                       "discarded_tokens": 0, "continued_tokens": 0, "sticky": 0, "version_changed": 0}
         self._changed = asyncio.Event()
 
     # -- membership ---------------------------------------------------------------------------------
@@ -66,7 +86,9 @@ class Router:
             target = free[0] if free else None
             out[key] = target
             if target is not None:
+                self._drop_hint(key)
                 self.hints[key] = target
+                self.reserved[target] = self.reserved.get(target, 0) + 1  # the next free slot there is its
                 extra[target] = extra.get(target, 0) + 1
             self.pending_reroute.add(key)
         return out
@@ -80,18 +102,40 @@ class Router:
             await asyncio.sleep(0.002)
         return True
 
+    def _drop_hint(self, key: str) -> str | None:
+        """Forget ``key``'s hint and free the slot reserved for it; returns the hinted cell."""
+        hint = self.hints.pop(key, None)
+        if hint is not None:
+            self.reserved[hint] -= 1
+        return hint
+
     def _eligible(self) -> list[str]:
         return [c for c, r in self.roles.items() if r == "rollout" and c not in self.draining and c not in self.lost]
 
-    async def _pick(self, key: str) -> str | None:
-        deadline = time.monotonic() + self.no_cell_timeout_s
+    async def _pick(self, key: str, session: str | None) -> str | None:
+        """A cell with a free slot: the switch's hint for ``key`` (the next slot freed there is reserved for
+        it, waited for up to ``hint_wait_s``), else the session's sticky cell (up to ``sticky_wait_s``),
+        else the least loaded; None after ``no_cell_timeout_s``."""
+        now = time.monotonic()
+        deadline = now + self.no_cell_timeout_s
+        hint_until, sticky_until = now + self.hint_wait_s, now + self.sticky_wait_s
         while True:
-            hint = self.hints.pop(key, None)
-            free = [c for c in self._eligible() if self.load[c] < self.capacity[c]]
-            if hint in free:
-                return hint
-            if free:
-                return min(free, key=lambda c: self.load[c] / self.capacity[c])
+            eligible = self._eligible()
+            hint = self.hints.get(key)
+            if hint is not None:
+                if hint in eligible and self.load[hint] < self.capacity[hint]:
+                    return str(self._drop_hint(key))
+                if hint not in eligible or time.monotonic() > hint_until:
+                    self._drop_hint(key)
+                    hint = None
+            if hint is None:
+                free = [c for c in eligible if self.load[c] + self.reserved.get(c, 0) < self.capacity[c]]
+                sticky = self.sessions.get(session or "")
+                if sticky in free:
+                    self.counts["sticky"] += 1
+                    return sticky
+                if free and not (sticky in eligible and time.monotonic() < sticky_until):
+                    return min(free, key=lambda c: self.load[c] / self.capacity[c])
             if time.monotonic() > deadline:
                 return None
             self._changed.clear()
@@ -100,45 +144,82 @@ class Router:
 
     # -- calls --------------------------------------------------------------------------------------
     async def generate(self, input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
-        """Serve one logical call; the answer carries ``attempts`` (each lost attempt's cell and why)."""
+        """Serve one logical call (``params`` may name the execution's ``session``); the answer carries
+        ``attempts`` (each lost attempt's cell and why) and ``continued_tokens`` (partial output of
+        aborted attempts it kept)."""
         key = str(uuid.uuid4())
+        session = params.get("session")
         self.counts["calls"] += 1
         attempts: list[dict[str, Any]] = []
+        kept_ids: list[int] = []
+        kept_lps: list[float] = []
+        start_version: int | None = None
+        budget = int(params.get("max_new_tokens", 1))
         try:
             while True:
-                cid = await self._pick(key)
+                cid = await self._pick(key, session)
                 if cid is None:
                     return {"status": "error", "reason": f"no rollout cell had a free slot for "
                             f"{self.no_cell_timeout_s:.0f} s", "attempts": attempts}
                 self.load[cid] += 1
                 self.pending_reroute.discard(key)
                 self.counts["attempts"] += 1
+                attempt_ids = input_ids + kept_ids
+                body = {**params, "max_new_tokens": budget - len(kept_ids)}
                 try:
-                    res: dict[str, Any] = await self.cells[cid].generate.remote(key, input_ids, params)
+                    res: dict[str, Any] = await self.cells[cid].generate.remote(key, attempt_ids, body)
                 except RayActorError as exc:
                     self.lost.setdefault(cid, f"{type(exc).__name__}: {str(exc)[:300]}")
                     self.counts["cell_lost"] += 1
                     res = {"status": "lost", "reason": f"cell {cid} died mid-call"}
+                    self.counts["discarded_tokens"] += len(kept_ids)
+                    kept_ids, kept_lps, start_version = [], [], None  # restart from the input ids
                 finally:
                     self.load[cid] -= 1
                     self._changed.set()
                 status = res.get("status")
-                if status == "ok":
-                    res["attempts"] = attempts
-                    if attempts:
-                        self.counts["rerouted"] += 1
+                if status in ("ok", "aborted") and res.get("input_digest") != input_digest(attempt_ids):
+                    res = {"status": "error", "reason": f"cell {cid} answered for other input ids than the "
+                           f"attempt's ({len(attempt_ids)} tokens)", "attempts": attempts}
                     return res
+                if status in ("ok", "aborted"):
+                    if start_version is None:
+                        start_version = int(res["policy_version"])
+                    if session is not None:
+                        self.sessions[str(session)] = cid
+                if status == "ok":
+                    return self._joined(res, input_ids, kept_ids, kept_lps, start_version, attempts)
                 if status == "refused":
                     self.counts["refused"] += 1
                     await asyncio.sleep(0.002)
                     continue
                 if status == "aborted":
                     self.counts["aborted"] += 1
-                    self.counts["discarded_tokens"] += int(res.get("discarded_tokens", 0))
+                    kept_ids += [int(t) for t in res["output_ids"]]
+                    kept_lps += [float(x) for x in res["logprobs"]]
                 attempts.append({"cell_id": cid, "status": status, "reason": res.get("reason", "")})
+                if status == "aborted" and len(kept_ids) >= budget:  # aborted after its last token: complete
+                    res = {**res, "status": "ok", "output_ids": [], "logprobs": [], "finish_reason": "length",
+                           "timings": {}}
+                    return self._joined(res, input_ids, kept_ids, kept_lps, start_version, attempts)
         finally:
             self.pending_reroute.discard(key)
-            self.hints.pop(key, None)
+            self._drop_hint(key)
+
+    def _joined(self, res: dict[str, Any], input_ids: list[int], kept_ids: list[int], kept_lps: list[float],
+                start_version: int | None, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+        """The answer of a logical call: kept partial output + the completing attempt's, one version."""
+        end_version = int(res["policy_version"])
+        out = {**res, "attempts": attempts, "continued_tokens": len(kept_ids),
+               "output_ids": np.asarray(kept_ids + [int(t) for t in res["output_ids"]], dtype=np.int32),
+               "logprobs": np.asarray(kept_lps + [float(x) for x in res["logprobs"]], dtype=np.float32),
+               "input_digest": input_digest(input_ids), "policy_version": start_version,
+               "policy_versions": [start_version, end_version], "version_changed": start_version != end_version}
+        if attempts:
+            self.counts["rerouted"] += 1
+        self.counts["continued_tokens"] += len(kept_ids)
+        self.counts["version_changed"] += int(start_version != end_version)
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "lost_cells": dict(self.lost), "load": dict(self.load), "roles": dict(self.roles),

@@ -5,13 +5,13 @@ Phases (each recorded as a ``switch_phase`` event with its duration by the
 
 1. ``drain`` — the router sends the cell no new call and the cell admits none.
 2. ``grace`` — calls in flight get up to ``grace_s`` to finish where they are.
-3. ``abort`` — the rest are aborted; their partial outputs are discarded (they never reached the
-   recorder, so no trainable token of an aborted attempt exists anywhere).
-4. ``kv_handoff`` — a :class:`KVHandoff` moves each aborted call's prefix state to the cell the router
-   picked for it. :class:`RecomputeHandoff` (the local engine cannot export its state) recomputes it
-   on the target; the phase's duration is that measured recompute cost.
-5. ``reroute`` — the aborted calls are released; the router re-issues each with the exact same input
-   ids on its target; the phase ends when all were re-admitted.
+3. ``abort`` — the rest are aborted between two tokens; each keeps its partial output and its KV.
+4. ``kv_handoff`` — a :class:`KVHandoff` moves each aborted call's KV (input + partial output) to the
+   cell the router picked for it: :class:`MigrateHandoff` exports the tensors through Ray's object
+   store and the target imports them; :class:`RecomputeHandoff` prefills them on the target;
+   :class:`CheaperHandoff` (the default) picks per call by the rule in its docstring.
+5. ``reroute`` — the aborted calls are released; the router continues each on its target (input ids +
+   partial output, the remaining token budget); the phase ends when all were re-admitted.
 6. ``weight_load`` — entering rollout: the newest published policy; entering train: the authoritative
    parameters of a core cell.
 """
@@ -28,30 +28,90 @@ import ray
 from sapwood.platform.events import CELL_ROLES, CellRole
 from sapwood.scheduler.decisions import DecisionRecorder
 
-__all__ = ["KVHandoff", "RecomputeHandoff", "SwitchCoordinator", "SwitchReport"]
+__all__ = ["CheaperHandoff", "KVHandoff", "MigrateHandoff", "RecomputeHandoff", "SwitchCoordinator",
+           "SwitchReport"]
+
+#: ``(call key, session, input ids + partial output)`` of an aborted call (``Cell.abort_inflight``).
+AbortedCall = tuple[str, str, list[int]]
 
 #: Returns ``(version, checkpoint path)`` of the newest published policy, or None.
 PolicySource = Callable[[], "tuple[int, str] | None"]
 
 
 class KVHandoff(Protocol):
-    """Moves the serving state of aborted calls from ``source`` to their new cells."""
+    """Moves the KV of aborted calls from ``source`` to their new cells."""
 
     name: str
 
-    def transfer(self, source: Any, targets: dict[str, Any], calls: list[tuple[str, list[int]]]) -> float:
+    def transfer(self, source: Any, targets: dict[str, Any], calls: list[AbortedCall]) -> float:
         """``targets`` maps call key to the target cell handle; returns seconds spent."""
         ...
 
 
 class RecomputeHandoff:
-    """Fallback: the target recomputes each aborted call's prefix from its input ids (measured)."""
+    """The target recomputes each aborted call's KV from its ids (one prefill forward, measured)."""
 
     name = "recompute"
 
-    def transfer(self, source: Any, targets: dict[str, Any], calls: list[tuple[str, list[int]]]) -> float:
-        refs = [targets[key].prefill.remote(ids) for key, ids in calls if key in targets]
-        return float(sum(ray.get(refs))) if refs else 0.0
+    def transfer(self, source: Any, targets: dict[str, Any], calls: list[AbortedCall]) -> float:
+        t0 = time.perf_counter()
+        refs = [targets[key].prefill.remote(session, ids) for key, session, ids in calls if key in targets]
+        ray.get(refs)
+        return time.perf_counter() - t0
+
+
+class MigrateHandoff:
+    """The source puts each aborted call's KV tensors into Ray's object store (the CPU stand-in for an
+    RDMA move) and the target imports them; ``moved`` lists ``(session, bytes, kept)`` of the last
+    transfer (``kept`` False: the target serves other weights, so the continuation recomputes)."""
+
+    name = "migrate"
+
+    def __init__(self) -> None:
+        self.moved: list[tuple[str, int, bool]] = []
+
+    def transfer(self, source: Any, targets: dict[str, Any], calls: list[AbortedCall]) -> float:
+        t0 = time.perf_counter()
+        pairs = [(session, targets[key]) for key, session, _ in calls if key in targets]
+        exported = ray.get([source.export_kv.remote(session) for session, _ in pairs])
+        done = ray.get([target.import_kv.remote(session, ref) for (session, target), ref in zip(pairs, exported,
+                                                                                               strict=True)])
+        self.moved = [(session, int(d["bytes"]), bool(d["kept"])) for (session, _), d in zip(pairs, done,
+                                                                                           strict=True)]
+        return time.perf_counter() - t0
+
+
+@dataclass
+class CheaperHandoff:
+    """Per call, migrate or recompute, whichever the cost model says is cheaper:
+
+    migrate when ``migrate_overhead_s + bytes / migrate_bytes_per_s < tokens * recompute_s_per_token``,
+    else recompute. ``bytes`` and ``tokens`` are the source's cached KV of the call (``Cell.kv_info``);
+    a call with no cached KV recomputes. The defaults are the figures ``bench/bench_kv_migration.py``
+    measured on the demo's 2-core machine (docs/scheduler.md); re-measure them for another machine.
+    ``chosen`` lists ``(session, "migrate" | "recompute")`` of the last transfer.
+    """
+
+    migrate_overhead_s: float = 0.012
+    migrate_bytes_per_s: float = 150e6
+    recompute_s_per_token: float = 6.5e-5
+    name: str = "cheaper"
+    chosen: list[tuple[str, str]] = field(default_factory=list)
+
+    def choose(self, tokens: int, nbytes: int) -> str:
+        migrate_s = self.migrate_overhead_s + nbytes / self.migrate_bytes_per_s
+        return "migrate" if migrate_s < tokens * self.recompute_s_per_token else "recompute"
+
+    def transfer(self, source: Any, targets: dict[str, Any], calls: list[AbortedCall]) -> float:
+        t0 = time.perf_counter()
+        calls = [c for c in calls if c[0] in targets]
+        infos = ray.get([source.kv_info.remote(session) for _, session, _ in calls])
+        self.chosen = [(session, "recompute" if info is None else self.choose(info["tokens"], info["bytes"]))
+                       for (_, session, _), info in zip(calls, infos, strict=True)]
+        ways = dict(self.chosen)
+        MigrateHandoff().transfer(source, targets, [c for c in calls if ways[c[1]] == "migrate"])
+        RecomputeHandoff().transfer(source, targets, [c for c in calls if ways[c[1]] == "recompute"])
+        return time.perf_counter() - t0
 
 
 @dataclass
@@ -94,7 +154,7 @@ class SwitchCoordinator:
         self.cells, self.roles, self.router, self.recorder = cells, roles, router, recorder
         self.policy_source = policy_source
         self.tiers = tiers or dict.fromkeys(cells, "core")
-        self.handoff: KVHandoff = handoff or RecomputeHandoff()
+        self.handoff: KVHandoff = handoff or CheaperHandoff()
         self.grace_s, self.reroute_timeout_s = grace_s, reroute_timeout_s
         self.core_cell = core_cell
         self.reports: list[SwitchReport] = []
@@ -152,7 +212,7 @@ class SwitchCoordinator:
         aborted = ray.get(cell.abort_inflight.remote())
         rep.aborted_calls = len(aborted)
         rep.phases["abort"] = time.perf_counter() - t
-        keys = [k for k, _ in aborted]
+        keys = [k for k, _, _ in aborted]
         plan = ray.get(self.router.plan_reroute.remote(keys, cell_id))
         targets = {k: self.cells[c] for k, c in plan.items() if c is not None}
         rep.phases["kv_handoff"] = self.handoff.transfer(cell, targets, aborted)
