@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode
@@ -51,7 +52,9 @@ def test_each_string_limit_is_the_same_in_doc_schema_and_column(kind: str, name:
     assert f"`{name}` str ({low}–{high} chars" in _doc_row(kind)
     prop = _schema_branch(kind)["fields"]["properties"][name]
     assert (prop.get("minLength", 0), prop["maxLength"]) == (low, high)
-    assert COLUMNS[(kind, name)].type.length == high
+    column_type = COLUMNS[(kind, name)].type
+    assert isinstance(column_type, sa.String)
+    assert column_type.length == high
 
 
 def test_every_bounded_string_column_of_an_event_field_has_a_limit() -> None:

@@ -46,7 +46,7 @@ class Outcome:
 def _unanticipated(message: str) -> bool:
     """Whether a ``decode`` letter came from the decoder's catch-all for a builtin exception."""
     m = _BUILTIN_ERROR.match(message)
-    return bool(m) and isinstance(getattr(builtins, m.group(1), None), type)
+    return m is not None and isinstance(getattr(builtins, m.group(1), None), type)
 
 
 def check_record(value: bytes, *, trace_memory: bool = True) -> Outcome:

@@ -38,8 +38,8 @@ def content_digest(event: Event, digest_of: Callable[[np.ndarray], bytes] | None
     digests already computed (default: hash the bytes); ``legacy_created_at`` covers ``created_at`` too,
     as digests stored before ``created_at`` left the identity did."""
     digest = digest_of or (lambda arr: digest_bytes(np.ascontiguousarray(arr).data))
-    head = {"kind": event.kind, "event_id": event.event_id, "execution_id": event.execution_id, "seq": event.seq,
-            "schema_version": event.schema_version, "fields": event.scalar_fields()}
+    head: dict[str, Any] = {"kind": event.kind, "event_id": event.event_id, "execution_id": event.execution_id,
+                            "seq": event.seq, "schema_version": event.schema_version, "fields": event.scalar_fields()}
     if legacy_created_at:
         head["created_at"] = event.created_at
     h = hashlib.blake2b(orjson.dumps(head, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY,
