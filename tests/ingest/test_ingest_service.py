@@ -62,7 +62,7 @@ def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(pg_url
                                      schema_version=99)
     huge = Prompt(execution_id=a[0].execution_id, seq=999, token_ids=np.zeros(2_700_000, dtype=np.int32))
     long_run = small(5)
-    long_run[0].task_id = "t" * 300  # type: ignore[attr-defined]  # valid event, refused by the database
+    long_run[0].metadata = {"note": "a\x00b"}  # type: ignore[attr-defined]  # valid event, refused by PostgreSQL
     garbage = b"\x00\x01 definitely not a sapwood event"
     records: list[bytes] = [encode(e) for e in a[:5]]
     records += [garbage, encode(future_schema), encode(huge)]

@@ -27,8 +27,11 @@ def test_a_batch_bomb_is_too_large_and_the_partition_keeps_flowing(pg_url: str, 
     events = small_execution(31).events
     produce_events(kafka_bootstrap, topic, events)
     ingest_until_caught_up(store, pg_url, kafka_bootstrap, topic, max_batch_bytes=4 << 20)
-    letters, stored = dead_letters_and_stored(store.engine, "reason", "message", "source")
+    letters, stored = dead_letters_and_stored(store.engine, "reason", "message", "source", "record_key", "payload")
     assert [r.reason for r in letters] == ["too_large", "too_large"]
     assert all(f"{codec} record batch" in r.message and "max_batch_bytes=4,194,304" in r.message for r in letters)
     assert {r.source for r in letters} == {f"kafka:{topic}/0@0", f"kafka:{topic}/0@1"}
     assert {e.event_id for e in events} <= stored
+    assert [r.record_key for r in letters] == [b"bomb", b"bomb"], "the record key read within the bound"
+    # a bounded prefix of the value: max_event_bytes (default 1,000,000) of the 16 MiB of zeros
+    assert [bytes(r.payload) for r in letters] == [bytes(1_000_000)] * 2

@@ -10,6 +10,7 @@ from sapwood.platform import schema as t
 from sapwood.platform.events import ModelCall
 from sapwood.platform.store import Store
 from sapwood.platform.tokens import input_digest
+from sapwood.platform.tree.prefix import MAX_COMPARISONS, match_prefix
 from sapwood.platform.writer import ExecutionWriter
 
 
@@ -82,3 +83,87 @@ def test_full_token_call_in_the_same_batch_as_the_compaction(store: Store) -> No
         row = conn.execute(sa.select(t.calls).where(t.calls.c.call_id == call.call_id)).mappings().one()
     assert row["segment"] == 1
     np.testing.assert_array_equal(store.reconstruct_input(call.call_id), call.appended)
+
+
+# -- siblings that share tokens: the placement backtracks to the longest match over the whole tree ----------
+
+def _placed(store: Store, w: ExecutionWriter, call: ModelCall) -> tuple[dict[str, object], int, int]:
+    """Apply ``w``'s events and ``call``: (the call's input node row, execution tokens before, after)."""
+    store.apply(w.events)
+    with store.transaction() as conn:
+        before = conn.execute(sa.select(t.executions.c.n_tokens)).scalar_one()
+    store.apply([call])
+    with store.transaction() as conn:
+        row = conn.execute(sa.select(t.calls).where(t.calls.c.call_id == call.call_id)).mappings().one()
+        node = dict(conn.execute(sa.select(t.nodes).where(t.nodes.c.node_id == row["input_node"])).mappings().one())
+        after = conn.execute(sa.select(t.executions.c.n_tokens)).scalar_one()
+    node["call_segment"] = row["segment"]
+    np.testing.assert_array_equal(store.reconstruct_input(call.call_id), call.appended)
+    return node, int(before), int(after)
+
+
+def _siblings(w: ExecutionWriter, at: str, older: list[int], newer: list[int]) -> tuple[ModelCall, ModelCall]:
+    """A fork at ``at`` into two calls appending ``older`` then ``newer`` (outputs [20] and [30])."""
+    w.fork(at, 2)
+    return (w.call(at, older, [20], [-0.1]), w.call(at, newer, [30], [-0.2]))
+
+
+@pytest.mark.parametrize("segment", [0, 1])
+def test_identical_sibling_inputs_place_the_call_under_the_branch_it_continues(store: Store, segment: int) -> None:
+    """Both branches append [40, 41]; the call continues the older one's output, which a greedy walk
+    (most recent sibling first, no backtracking) misses. In segment 1 the fork is inside a compacted
+    segment."""
+    w, obs0, obs1 = _compacted()
+    older, _ = _siblings(w, obs1 if segment else obs0, [40, 41], [40, 41])
+    call = _full_call(w, older.output_node_id, [50])
+    node, before, after = _placed(store, w, call)
+    assert str(node["parent_id"]) == older.output_node_id
+    assert node["length"] == 1
+    assert node["call_segment"] == segment
+    assert after - before == 1 + 2, "only the new input token and the output are stored"
+
+
+@pytest.mark.parametrize("segment", [0, 1])
+def test_a_sibling_that_is_a_prefix_of_another_does_not_capture_the_call(store: Store, segment: int) -> None:
+    """The newer branch appends [40], a prefix of the older one's [40, 41]: the longest match is the
+    older branch's output."""
+    w, obs0, obs1 = _compacted()
+    older, _ = _siblings(w, obs1 if segment else obs0, [40, 41], [40])
+    call = _full_call(w, older.output_node_id, [50])
+    node, before, after = _placed(store, w, call)
+    assert str(node["parent_id"]) == older.output_node_id
+    assert node["length"] == 1
+    assert node["call_segment"] == segment
+    assert after - before == 1 + 2, "only the new input token and the output are stored"
+
+
+def test_equal_matches_go_to_the_most_recent_branch(store: Store) -> None:
+    """Two branches whose whole contexts are equal: the documented tie rule picks the most recent one."""
+    w, _, obs1 = _compacted()
+    _, newer = _siblings(w, obs1, [40, 41], [40, 41])
+    tie = w.observe(newer.output_node_id, [60])
+    older_obs = w.observe(w.events[-3].output_node_id, [60])  # type: ignore[attr-defined]
+    assert list(w.context(older_obs.node_id)) != list(w.context(tie.node_id)), "outputs differ: no tie yet"
+    call = _full_call(w, newer.input_node_id or "", [])
+    node, _, _ = _placed(store, w, call)
+    assert str(node["node_id"]) == newer.input_node_id, "no new input node: the newest equal match"
+
+
+def test_many_identical_siblings_cannot_make_one_placement_unbounded() -> None:
+    """10 identical siblings per level, 8 levels (10**8 chains), and an input that ends differently:
+    the search stops after MAX_COMPARISONS comparisons with the longest match it found."""
+    calls = 0
+
+    def children(parent: str | None) -> list[tuple[str, int]]:
+        depth = 0 if parent is None else parent.count("/")
+        return [] if depth == 8 else [(f"{parent or ''}/{i}", 1) for i in range(10)]
+
+    def matches(node_id: str, offset: int, length: int) -> bool:
+        nonlocal calls
+        calls += 1
+        return True  # every node holds the token the input has next
+
+    node, matched = match_prefix(children, matches, 9)  # one token more than the deepest chain
+    assert matched == 8
+    assert node == "/0" * 8, "the first (most recent) chain of the longest length"
+    assert calls <= MAX_COMPARISONS

@@ -59,10 +59,6 @@ def test_a_changed_scalar_is_a_conflict_naming_the_field(store: Store) -> None:
     clash.reward = (clash.reward or 0.0) + 0.5  # type: ignore[attr-defined]
     with pytest.raises(ConflictError, match="reward differ"):
         store.apply([clash])
-    late = copy.copy(w.events[3])
-    late.created_at += 1.0
-    with pytest.raises(ConflictError, match="created_at differ"):
-        store.apply([late])
 
 
 def test_full_token_call_replays_compare_their_whole_input(store: Store) -> None:
@@ -98,3 +94,44 @@ def test_every_stored_event_keeps_its_content_digest(store: Store) -> None:
         stored = dict(conn.execute(sa.select(t.events.c.event_id, t.events.c.content_digest)).all())
     assert {str(k): bytes(v) for k, v in stored.items()} == {e.event_id: content_digest(e) for e in w.events}
     assert len(set(stored.values())) == len(w.events)
+
+
+def _stored_created_at(store: Store, event_id: str) -> float:
+    with store.engine.connect() as conn:
+        return float(conn.execute(sa.select(t.events.c.created_at).where(t.events.c.event_id == event_id)).scalar_one())
+
+
+def test_a_retry_with_a_new_created_at_is_a_duplicate_keeping_the_first_stamp(store: Store) -> None:
+    """``created_at`` is not part of an event's identity (docs/wire-format.md §7): a producer that stamps
+    the time at send re-stamps each retry, and the retry is a duplicate, not a conflict."""
+    w = small_execution(14)
+    store.apply(w.events)
+    first = float(w.events[3].created_at)
+    late = decode(encode(w.events[3], compress=True))
+    late.created_at = first + 1.0
+    again = store.apply([late], strict=False)
+    assert again.duplicates == 1
+    assert again.rejected == []
+    assert _stored_created_at(store, late.event_id) == pytest.approx(first)
+
+
+def test_a_retry_with_a_new_created_at_in_the_same_batch_is_a_duplicate(store: Store) -> None:
+    w = small_execution(15)
+    twin = copy.copy(w.events[-1])
+    twin.created_at += 5.0
+    result = store.apply([*w.events, twin], strict=False)
+    assert result.duplicates == 1
+    assert result.rejected == []
+
+
+def test_a_digest_stored_before_created_at_left_the_identity_still_matches(store: Store) -> None:
+    """Rows written by an older release hold a digest that covered ``created_at``: an exact replay of
+    them is still a duplicate."""
+    w = small_execution(16)
+    store.apply(w.events)
+    ev = w.events[2]
+    with store.engine.begin() as conn:
+        conn.execute(t.events.update().where(t.events.c.event_id == ev.event_id).values(
+            content_digest=content_digest(ev, legacy_created_at=True)))
+    assert store.apply([ev]).duplicates == 1
+    assert content_digest(ev, legacy_created_at=True) != content_digest(ev)

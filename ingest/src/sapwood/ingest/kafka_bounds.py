@@ -4,7 +4,9 @@ A producer can compress a whole record *batch* (``compression.type`` zstd or gzi
 compressed size only and kafka-python inflates the batch in memory before ingest sees a record, so a
 1 MB batch of zeros would demand ~32 GB. :func:`install` replaces kafka-python's batch decompression with
 one that stops past ``max_batch_bytes`` and raises :class:`BatchTooLargeError` naming the partition and the
-batch's offsets; the service then dead-letters those offsets as ``too_large`` and seeks past them.
+batch's offsets; the service then dead-letters those offsets as ``too_large`` and seeks past them. The
+error keeps, per offset, the record key and a bounded value prefix of each record that starts within the
+first ``max_batch_bytes`` of the inflated batch (:mod:`batch_prefix`), so the letters keep both.
 Codecs other than zstd and gzip (lz4, snappy: dependencies of the base install) keep kafka-python's own
 decoder. A batch that no decoder can inflate (a codec id nobody knows, a corrupt block) raises
 :class:`UndecodableBatchError`; the service dead-letters its offsets as ``decode`` and moves on, instead of
@@ -18,6 +20,9 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+import zstandard
+
+from sapwood.ingest.batch_prefix import PrefixRecord, records_in_prefix
 from sapwood.platform.codec import inflate
 from sapwood.platform.errors import PayloadTooLargeError
 
@@ -45,10 +50,23 @@ class BatchTooLargeError(UndecodableBatchError):
 
     reason = "too_large"
 
-    def __init__(self, base_offset: int, last_offset: int, limit: int, codec: str) -> None:
+    def __init__(self, base_offset: int, last_offset: int, limit: int, codec: str,
+                 records: dict[int, PrefixRecord] | None = None) -> None:
         super().__init__(base_offset, last_offset, f"a {codec} record batch (offsets {base_offset}..{last_offset}) "
                          f"inflates past max_batch_bytes={limit:,}")
         self.limit, self.codec = limit, codec
+        self.records: dict[int, PrefixRecord] = records or {}
+        """offset → key and value prefix of each record readable within the bound."""
+
+
+def _inflated_prefix(data: memoryview, zstd: bool, limit: int) -> bytes:
+    """The first ``limit`` bytes (at most) of the inflated batch ``data``; b"" when even that fails."""
+    try:
+        if zstd:
+            return zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read(limit)
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(bytes(data), limit)
+    except (zstandard.ZstdError, zlib.error):
+        return b""
 
 
 def _decode_with(original: Any, batch: Any) -> None:
@@ -76,14 +94,16 @@ def _gunzip(data: memoryview, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
-def install(max_batch_bytes: int) -> None:
+def install(max_batch_bytes: int, letter_bytes: int = 1 << 20) -> None:
     """Bound every zstd/gzip batch that consumers polled from the calling thread inflate by ``max_batch_bytes``
-    (other threads keep kafka-python's unbounded decoding unless they call this too)."""
+    (other threads keep kafka-python's unbounded decoding unless they call this too); the letters of a batch
+    past the bound keep at most ``letter_bytes`` of each record's value."""
     global _installed
     from kafka.consumer.fetcher import Fetcher
     from kafka.record.default_records import DefaultRecordBatch
 
     _local.limit = max_batch_bytes
+    _local.letter_bytes = letter_bytes
     with _lock:
         if _installed:
             return
@@ -116,7 +136,9 @@ def install(max_batch_bytes: int) -> None:
                                                 f"gzip record batch (offsets {self.base_offset}..{self.last_offset}) "
                                                 f"is corrupt: {exc}") from exc
             if out is None:
-                raise BatchTooLargeError(self.base_offset, self.last_offset, limit, name)
+                prefix = _inflated_prefix(data, codec == self.CODEC_ZSTD, limit)
+                records = records_in_prefix(prefix, self.base_offset, getattr(_local, "letter_bytes", 1 << 20))
+                raise BatchTooLargeError(self.base_offset, self.last_offset, limit, name, records)
             self._buffer = bytearray(out)
             self._pos = 0
             self._decompressed = True

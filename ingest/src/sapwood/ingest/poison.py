@@ -172,10 +172,13 @@ def catalogue(seed: int, *, max_event_bytes: int = 1_000_000) -> list[Poison]:
     flipped.token_ids = flipped.token_ids.copy()  # type: ignore[attr-defined]
     flipped.token_ids[0] += 1  # type: ignore[attr-defined]
     out.append(_poison("conflicting_replay", "conflict", w, encode(flipped)))
-    long_run = ExecutionWriter(run_id="r", task_id="t" * 300)  # valid event; the task_id column holds 256
-    long_run.start()
-    out.append(Poison("refused_by_database", "store_error", [encode(long_run.events[0])],
-                      long_run.execution_id.encode()))
+    too_long = ExecutionWriter(run_id="r", task_id="t" * 257)  # the task_id column holds 256 (events.limits)
+    too_long.start()
+    out.append(Poison("task_id_too_long", "invalid", [encode(too_long.events[0])], too_long.execution_id.encode()))
+    nul = ExecutionWriter(run_id="r", task_id="t")  # valid event; PostgreSQL's JSON refuses U+0000
+    nul.start()
+    nul.events[0].metadata = {"note": "a\x00b"}  # type: ignore[attr-defined]
+    out.append(Poison("refused_by_database", "store_error", [encode(nul.events[0])], nul.execution_id.encode()))
     w = _writer(seed + 11)
     out.append(Poison("streamed_valid", "", [recompressed(e, declare_size=False) for e in w.events],
                       w.execution_id.encode(), [e.event_id for e in w.events]))

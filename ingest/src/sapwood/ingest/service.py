@@ -231,8 +231,8 @@ class IngestService:
 
     def _skip_batch(self, exc: kafka_bounds.UndecodableBatchError) -> None:
         """Dead-letter every offset of a record batch ingest cannot read (``exc.reason``: ``too_large`` past
-        the inflation bound, ``decode`` when no decoder can inflate it; no payload, the batch was never
-        inflated), store the offset after it and seek there."""
+        the inflation bound, with the key and value prefix of each record readable within the bound;
+        ``decode`` when no decoder can inflate it, no payload), store the offset after it and seek there."""
         tp = exc.partition
         expected = self.committer.position(tp) if tp is not None else NOT_ASSIGNED
         if expected is NOT_ASSIGNED:
@@ -240,7 +240,9 @@ class IngestService:
             time.sleep(self.config.retry_backoff_s)
             return
         first = max(exc.base_offset, expected if isinstance(expected, int) else 0)
-        records = [SkippedRecord(o) for o in range(first, exc.last_offset + 1)]
+        known = exc.records if isinstance(exc, kafka_bounds.BatchTooLargeError) else {}
+        records = [SkippedRecord(o, known[o].value, known[o].key) if o in known else SkippedRecord(o)
+                   for o in range(first, exc.last_offset + 1)]
         log.error("partition %s: %s; dead-lettering offsets %d..%d", tp.partition, exc, first, exc.last_offset)
         try:
             mismatched = self._commit({tp: records}, poison=(exc.reason, str(exc)))

@@ -113,7 +113,7 @@ class KafkaSource:
         """Join the group (``instance_id``: static membership, None: dynamic) and subscribe."""
         cfg = self.cfg
         # record batches are inflated by poll()'s caller: bound them in this thread (the one that polls)
-        kafka_bounds.install(cfg.max_batch_bytes or max(64 << 20, 4 * cfg.max_event_bytes))
+        kafka_bounds.install(cfg.max_batch_bytes or max(64 << 20, 4 * cfg.max_event_bytes), cfg.max_event_bytes)
         self.consumer = KafkaConsumer(**consumer_settings(cfg, self.client_id, instance_id))
         self.consumer.subscribe([cfg.topic], listener=_Listener(cfg.topic, self._on_assigned, self._on_revoked))
         # Know the topic's partitions before joining, so the first assignment is not empty. Subscribed

@@ -95,24 +95,28 @@ def decode(data: bytes | memoryview, *, validate: bool = True, max_bytes: int | 
         raise PayloadTooLargeError(f"payload of {len(payload):,} bytes exceeds max_bytes={max_bytes:,}")
     header, offset = _read_header(payload)
     version_seen = header.get("schema_version")
-    if version_seen not in SUPPORTED_SCHEMA_VERSIONS:
+    if not isinstance(version_seen, int | float) or isinstance(version_seen, bool) or (
+            version_seen not in SUPPORTED_SCHEMA_VERSIONS):
         raise SchemaVersionError(
             f"unknown schema version {version_seen!r}; expected one of {sorted(SUPPORTED_SCHEMA_VERSIONS)}",
             event_id=header.get("event_id"),
         )
     kind = header.get("kind")
-    cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise DecodeError(f"unknown event kind {kind!r}; expected one of {sorted(EVENT_TYPES)}")
     declared = dict(cls.arrays)
     arrays: dict[str, np.ndarray] = {}
-    for entry in header.get("arrays", []):
+    listed = header.get("arrays", [])
+    if not isinstance(listed, list):
+        raise DecodeError(f"header.arrays must be a list of [name, dtype, count], got {type(listed).__name__}")
+    for entry in listed:
         try:
             name, dtype_str, count = entry
             count = int(count)
         except (TypeError, ValueError):
             raise DecodeError(f"bad array descriptor {entry!r}, expected [name, dtype, count]") from None
-        if name not in declared:
+        if not isinstance(name, str) or name not in declared:
             raise DecodeError(f"{kind}: unexpected array {name!r}; expected {sorted(declared)}")
         expected = _DTYPES[declared[name]]
         if _dtype_of(dtype_str) != expected:

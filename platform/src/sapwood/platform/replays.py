@@ -2,6 +2,9 @@
 
 Each stored event keeps :func:`content_digest` (``events.content_digest``); a replay with another
 digest is a :class:`ConflictError` that names what differs (envelope keys, scalar fields, arrays).
+``created_at`` is not part of an event's identity: a producer retry that re-stamps the time at send is a
+duplicate (the first stored copy's stamp stays). Rows stored before this rule hold a digest that covered
+``created_at``; :func:`matches_stored` accepts that legacy digest too.
 """
 
 from __future__ import annotations
@@ -23,16 +26,22 @@ Prior = tuple[str | None, int | None, str, bytes | None]
 #: ``stored_event(event_id)`` → the stored ``events`` row of that id, or None.
 StoredEvent = Callable[[str], Mapping[str, Any] | None]
 
-_ENVELOPE_KEYS = ("kind", "execution_id", "seq", "schema_version", "created_at")
+#: The envelope keys that are part of an event's identity (``created_at`` is not, see the module doc).
+_ENVELOPE_KEYS = ("kind", "execution_id", "seq", "schema_version")
 
 
-def content_digest(event: Event, digest_of: Callable[[np.ndarray], bytes] | None = None) -> bytes:
-    """BLAKE2b-128 of ``event``'s canonical content: its kind, envelope and scalar fields (sorted-key JSON)
-    and each array's name, dtype and span digest. Equal for a byte-identical replay, different when any
-    field or token differs; ``digest_of`` supplies span digests already computed (default: hash the bytes)."""
+def content_digest(event: Event, digest_of: Callable[[np.ndarray], bytes] | None = None, *,
+                   legacy_created_at: bool = False) -> bytes:
+    """BLAKE2b-128 of ``event``'s canonical content: its kind, envelope (less ``created_at``) and scalar
+    fields (sorted-key JSON) and each array's name, dtype and span digest. Equal for a replay that differs
+    at most in ``created_at``, different when any field or token differs; ``digest_of`` supplies span
+    digests already computed (default: hash the bytes); ``legacy_created_at`` covers ``created_at`` too,
+    as digests stored before ``created_at`` left the identity did."""
     digest = digest_of or (lambda arr: digest_bytes(np.ascontiguousarray(arr).data))
-    head = {"kind": event.kind, "event_id": event.event_id, "execution_id": event.execution_id, "seq": event.seq,
-            "schema_version": event.schema_version, "created_at": event.created_at, "fields": event.scalar_fields()}
+    head: dict[str, Any] = {"kind": event.kind, "event_id": event.event_id, "execution_id": event.execution_id,
+                            "seq": event.seq, "schema_version": event.schema_version, "fields": event.scalar_fields()}
+    if legacy_created_at:
+        head["created_at"] = event.created_at
     h = hashlib.blake2b(orjson.dumps(head, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY,
                                      default=str), digest_size=16)
     for name, arr in event.array_fields().items():
@@ -40,6 +49,12 @@ def content_digest(event: Event, digest_of: Callable[[np.ndarray], bytes] | None
         if arr.size:
             h.update(digest(arr))
     return h.digest()
+
+
+def matches_stored(stored_digest: bytes, event: Event) -> bool:
+    """Whether ``event`` has the content of the stored digest (the current one, or a legacy one that
+    covered ``created_at``)."""
+    return stored_digest == content_digest(event) or stored_digest == content_digest(event, legacy_created_at=True)
 
 
 def _differences(stored_event: StoredEvent, event: Event) -> list[str]:
@@ -101,4 +116,4 @@ def same_batch_conflict(first: Event, ev: Event) -> ConflictError | None:
         f"{', '.join(_batch_differences(first, ev))} differ; expected a byte-identical replay or a new event id")
 
 
-__all__ = ["Prior", "StoredEvent", "content_digest", "replay_conflict", "same_batch_conflict"]
+__all__ = ["Prior", "StoredEvent", "content_digest", "matches_stored", "replay_conflict", "same_batch_conflict"]

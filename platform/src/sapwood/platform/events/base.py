@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from sapwood.platform.errors import SchemaVersionError, ValidationError
+from sapwood.platform.events.limits import check_limits
 from sapwood.platform.json_values import check_json_numbers, doubles_for_large_ints
 from sapwood.platform.tokens import FloatArray, TokenArray, as_logprobs, as_tokens, check_token_range
 from sapwood.platform.uuids import canonical_uuid
@@ -133,6 +134,7 @@ class Event:
                     event_id=self.event_id,
                 )
         self._validate()
+        check_limits(self)
         self._check_json_values()
         if numbers:
             self.check_numbers()

@@ -84,10 +84,6 @@ class Prompt(Event):
     def node_id(self) -> str:
         return derive_node_id(self.event_id, "node")
 
-    def _validate(self) -> None:
-        if self.token_ids.size == 0:
-            raise ValidationError("prompt: token_ids must not be empty", event_id=self.event_id)
-
 
 @dataclass(eq=False, kw_only=True)
 class Observation(Event):
@@ -105,8 +101,6 @@ class Observation(Event):
         return derive_node_id(self.event_id, "node")
 
     def _validate(self) -> None:
-        if self.token_ids.size == 0:
-            raise ValidationError("observation: token_ids must not be empty", event_id=self.event_id)
         if not self.parent:
             raise ValidationError("observation: parent node is required", event_id=self.event_id)
 
@@ -151,14 +145,12 @@ class ModelCall(Event):
     def output_node_id(self) -> str:
         return derive_node_id(self.event_id, "output")
 
-    def _validate(self) -> None:
+    def _validate(self) -> None:  # the fewest output ids: events.limits
         if self.call_kind not in CALL_KINDS:
             raise ValidationError(
                 f"model_call.call_kind must be one of {CALL_KINDS}, got {self.call_kind!r}",
                 event_id=self.event_id,
             )
-        if self.output_ids.size == 0:
-            raise ValidationError("model_call.output_ids must not be empty", event_id=self.event_id)
         if self.output_ids.size != self.output_logprobs.size:
             raise LengthMismatchError(
                 f"model_call: {self.output_ids.size} output ids but {self.output_logprobs.size} log-probs; "
@@ -217,10 +209,6 @@ class SegmentBoundary(Event):
     @property
     def root_node_id(self) -> str:
         return derive_node_id(self.event_id, "root")
-
-    def _validate(self) -> None:
-        if self.token_ids.size == 0:
-            raise ValidationError("segment_boundary: the new context must not be empty", event_id=self.event_id)
 
 
 @dataclass(eq=False, kw_only=True)

@@ -151,7 +151,7 @@ def _call(e: ModelCall, plan: Planning, st: Row | None, refs: Refs) -> Overrides
         state = root_state(appended)
         full_len = int(appended.size)
         matched, offset = tree.match_whole_nodes(exec_id, appended)
-        parent = tree.nodes[matched] if matched else None
+        parent = tree.node(matched, exec_id, "full-token call prefix") if matched else None
         appended = appended[offset:]
         input_node_id = event_input_id if appended.size else matched
     digest = state.hexdigest()

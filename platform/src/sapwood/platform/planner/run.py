@@ -15,7 +15,7 @@ from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.planner.batch import BatchPlanner
 from sapwood.platform.planner.ports import PlannedWrites, SpanSink, StoredState
 from sapwood.platform.planner.results import ApplyResult, ContextCache, Rejected
-from sapwood.platform.replays import content_digest, replay_conflict, same_batch_conflict
+from sapwood.platform.replays import matches_stored, replay_conflict, same_batch_conflict
 
 Write = Callable[[PlannedWrites, PhaseTimer], None]
 """An applier's write step: store the planned rows, crediting its phases (``spans``, ``payloads``,
@@ -93,7 +93,7 @@ def _fresh(state: StoredState, events: Sequence[Event], result: ApplyResult, *, 
             continue
         if prior is not None:
             same_keys = (prior[0], prior[1], prior[2]) == (ev.execution_id, ev.seq, ev.kind)
-            conflict = not same_keys or (prior[3] is not None and prior[3] != content_digest(ev))
+            conflict = not same_keys or (prior[3] is not None and not matches_stored(prior[3], ev))
             err = replay_conflict(state.stored_event, ev, prior) if conflict else None
         else:
             assert first is not None
