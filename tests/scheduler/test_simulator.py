@@ -68,7 +68,7 @@ def test_idle_fractions_are_fractions_and_time_adds_up() -> None:
 def test_compare_and_sweep_shapes() -> None:
     w = SMALL.with_(steps=3)
     cmp = compare(w)
-    assert set(cmp.ratios()) == {"elastic_vs_colocate", "elastic_vs_async", "elastic_vs_best_static"}
+    assert set(cmp.ratios()) == {"elastic_vs_colocate", "elastic_vs_async_half", "elastic_vs_best_static"}
     rows = sweep(w, "tail_ratio", [1.0, 5.0])
     assert [r["tail_ratio"] for r in rows] == [1.0, 5.0]
 
