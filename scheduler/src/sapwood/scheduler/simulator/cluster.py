@@ -72,7 +72,9 @@ class ClusterSim:
         tiers = ["core" if i >= workload.cells - workload.core_cells else "satellite" for i in range(workload.cells)]
         #: core cells pinned to training (every policy that separates the roles; Colocate sets pins_core = False)
         self.pinned = {cid for cid, t in zip(ids, tiers, strict=True) if t == "core"} if pins_core(policy) else set()
-        self.cells = [_Cell(cid, t, "train" if cid in self.pinned else initial[cid]) for cid, t in zip(ids, tiers)]
+        self.cells = [
+            _Cell(cid, t, "train" if cid in self.pinned else initial[cid]) for cid, t in zip(ids, tiers, strict=True)
+        ]
         self.streaming = workload.streaming_accumulation and bool(getattr(policy, "can_stream", True))
         self.refused_moves = 0  # moves of a pinned core cell out of training the simulator refused
         self.role_cell_s = {cid: dict.fromkeys(("rollout", "train", "idle", "switching"), 0.0) for cid in ids}
