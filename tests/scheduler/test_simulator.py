@@ -68,7 +68,7 @@ def test_idle_fractions_are_fractions_and_time_adds_up() -> None:
 def test_compare_and_sweep_shapes() -> None:
     w = SMALL.with_(steps=3)
     cmp = compare(w)
-    assert set(cmp.ratios()) == {"elastic_vs_colocate", "elastic_vs_async", "elastic_vs_best_static"}
+    assert set(cmp.ratios()) == {"elastic_vs_colocate", "elastic_vs_async_half", "elastic_vs_best_static"}
     rows = sweep(w, "tail_ratio", [1.0, 5.0])
     assert [r["tail_ratio"] for r in rows] == [1.0, 5.0]
 
@@ -107,3 +107,23 @@ def test_simulate_command_prints_json_and_writes_plots(tmp_path) -> None:  # typ
     bad = CliRunner().invoke(app, ["scheduler", "simulate", "--preset", "nope"])
     assert bad.exit_code != 0
     assert "unknown workload preset" in bad.output
+
+
+def test_simulate_command_takes_the_workload_flags() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from sapwood.platform.cli import app
+
+    args = ["scheduler", "simulate", "--preset", "small", "--steps", "2", "--policies", "async",
+            "--batch-rule", "first_finished", "--stale-rollouts", "discount", "--timeout-factor", "2.5",
+            "--core-cells", "3", "--streaming", "--join-cost-s", "42"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    w = json.loads(result.stdout.strip().splitlines()[-1])["workload"]
+    assert (w["batch_rule"], w["stale_rollouts"], w["timeout_factor"]) == ("first_finished", "discount", 2.5)
+    assert (w["core_cells"], w["streaming_accumulation"], w["join_cost_s"]) == (3, True, 42.0)
+    bad = CliRunner().invoke(app, ["scheduler", "simulate", "--preset", "small", "--batch-rule", "newest"])
+    assert bad.exit_code != 0
+    assert "batch_rule" in bad.output

@@ -16,7 +16,7 @@ console = Console(stderr=True)
 
 @scheduler_app.command("simulate")
 def simulate_cmd(
-    preset: Annotated[str, typer.Option(help="workload preset: paper or small")] = "paper",
+    preset: Annotated[str, typer.Option(help="workload preset: paper, paper-fit or small")] = "paper",
     policies: Annotated[str, typer.Option(help="comma-separated policies (built-in names or import paths)")] = (
         "elastic,colocate,async"
     ),
@@ -24,6 +24,12 @@ def simulate_cmd(
     steps: Annotated[int | None, typer.Option(help="override the preset's training steps")] = None,
     tail_ratio: Annotated[float | None, typer.Option(help="override p99/p50 of rollout durations")] = None,
     switch_cost_s: Annotated[float | None, typer.Option(help="override the role-switch duration")] = None,
+    batch_rule: Annotated[str | None, typer.Option(help="exact or first_finished")] = None,
+    stale_rollouts: Annotated[str | None, typer.Option(help="first_finished: drop or discount stale rollouts")] = None,
+    timeout_factor: Annotated[float | None, typer.Option(help="rollout timeout in medians (inf: none)")] = None,
+    core_cells: Annotated[int | None, typer.Option(help="core cells pinned to training")] = None,
+    streaming: Annotated[bool | None, typer.Option(help="streaming gradient accumulation")] = None,
+    join_cost_s: Annotated[float | None, typer.Option(help="seconds a move into training takes")] = None,
     plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
 ) -> None:
     """Simulate the workload under each policy; print a table and one JSON line (speed-ups over elastic)."""
@@ -38,7 +44,9 @@ def simulate_cmd(
 
     try:
         w = get_preset(preset)
-        overrides = {"steps": steps, "tail_ratio": tail_ratio, "switch_cost_s": switch_cost_s}
+        overrides = {"steps": steps, "tail_ratio": tail_ratio, "switch_cost_s": switch_cost_s,
+                     "batch_rule": batch_rule, "stale_rollouts": stale_rollouts, "timeout_factor": timeout_factor,
+                     "core_cells": core_cells, "streaming_accumulation": streaming, "join_cost_s": join_cost_s}
         w = w.with_(**{k: v for k, v in overrides.items() if v is not None})
         results = [simulate(w, name.strip(), seed) for name in policies.split(",") if name.strip()]
     except ValueError as exc:

@@ -18,6 +18,10 @@ class ColocatePolicy:
 
     name = "colocate"
     max_staleness = 0
+    #: every cell holds the parameters and takes both roles in turn: no core cell is pinned to training
+    pins_core = False
+    #: no cell trains while a batch is generated, so there is nothing to accumulate early
+    can_stream = False
 
     def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, CellRole]:
         return dict.fromkeys(cell_ids, "rollout")

@@ -17,6 +17,7 @@ gives every other cell to training. A move happens only when all of these hold:
   resource controller: move only when the idle time saved exceeds a rolling mean of switch costs.
 
 Starvation overrides the gate (not the dwell): a role with work waiting and no cell at all gets one.
+With ``pin_core`` a core cell (the authoritative parameters) never leaves training.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ElasticPolicy:
         switch_cost_prior_s: float = 10.0,
         min_train_cells: int = 1,
         max_staleness: int | None = None,
+        pin_core: bool = False,
     ):
         checks = {
             "min_dwell_s": min_dwell_s >= 0,
@@ -65,6 +67,8 @@ class ElasticPolicy:
         self.round_trip = round_trip
         self.switch_cost_prior_s = switch_cost_prior_s
         self.min_train_cells = min_train_cells
+        #: core cells never leave training (the simulator sets this when its workload has core cells)
+        self.pin_core = pin_core
         #: the admission bound the simulator enforces (defaults to the policy's staleness bound)
         self.max_staleness = staleness_bound if max_staleness is None else max_staleness
 
@@ -126,7 +130,7 @@ class ElasticPolicy:
                 cells[cid]
                 for cid in movable
                 if target[cid] == role and s.at_s - cells[cid].role_since_s >= self.min_dwell_s
-                and cid not in reasons
+                and cid not in reasons and not (self.pin_core and role == "train" and cells[cid].tier == "core")
             ]
             # satellites are the cells that move first; core cells (authoritative parameters) stay in train
             pool.sort(key=lambda c: (c.tier != prefer, c.role_since_s, c.cell_id))

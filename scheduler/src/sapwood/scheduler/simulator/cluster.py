@@ -69,8 +69,16 @@ class ClusterSim:
         self.durations = workload.durations(seed, self.pool)
         ids = [f"cell-{i:02d}" for i in range(workload.cells)]
         initial = policy.initial_assignment(ids)
-        tiers = ["satellite" if i >= workload.cells - workload.satellites else "core" for i in range(workload.cells)]
-        self.cells = [_Cell(cid, tiers[i], initial[cid]) for i, cid in enumerate(ids)]
+        tiers = ["core" if i >= workload.cells - workload.core_cells else "satellite" for i in range(workload.cells)]
+        #: core cells pinned to training (every policy that separates the roles; Colocate sets pins_core = False)
+        self.pinned = {cid for cid, t in zip(ids, tiers, strict=True) if t == "core"} if pins_core(policy) else set()
+        self.cells = [
+            _Cell(cid, t, "train" if cid in self.pinned else initial[cid]) for cid, t in zip(ids, tiers, strict=True)
+        ]
+        self.streaming = workload.streaming_accumulation and bool(getattr(policy, "can_stream", True))
+        self.refused_moves = 0  # moves of a pinned core cell out of training the simulator refused
+        self.role_cell_s = {cid: dict.fromkeys(("rollout", "train", "idle", "switching"), 0.0) for cid in ids}
+        self.train_working = False  # train cells have work in hand (what the train-busy accounting integrates)
         self.version = 0
         self.next_idx = 0
         self.running: dict[int, _Rollout] = {}
@@ -113,7 +121,9 @@ class ClusterSim:
             self._acc["switching"] += dt * n_s
             slots = self.w.slots_per_cell
             self._acc["rollout_busy"] += dt * min(len(self.running), n_r * slots) / slots
-            self._acc["train_busy"] += dt * n_t * (1 if self.train_active else 0)
+            self._acc["train_busy"] += dt * n_t * (1 if self.train_working else 0)
+            for c in self.cells:
+                self.role_cell_s[c.cell_id]["switching" if c.switching else c.role] += dt
         self._acc_t = self.env.now
         row = (self.env.now, n_r, n_t, n_i, n_s)
         if not self.timeline or self.timeline[-1][1:] != row[1:]:
@@ -179,20 +189,20 @@ class ClusterSim:
     def _trainer(self) -> Proc:
         w = self.w
         while self.version < w.steps:
-            yield from self._gather_batch()
-            self.train_active, self.train_remaining = True, w.train_cell_s_per_step
             started = self.env.now
-            self._notify()
-            while self.train_remaining > 0:
-                n = self.active("train")
-                if n == 0:
-                    yield self._changed
-                    continue
-                t0, done = self.env.now, self.env.timeout(self.train_remaining / n)
-                yield done | self._changed
-                self.train_remaining = 0.0 if done.processed else max(self.train_remaining - (self.env.now - t0) * n, 0)
+            if self.streaming:
+                started = yield from self._streamed_step()
+            else:
+                yield from self._gather_batch()
+                self._account()
+                self.train_active = self.train_working = True
+                self.train_remaining = w.train_cell_s_per_step
+                started = self.env.now
+                self._notify()
+                self.train_remaining = yield from self._work_off(self.train_remaining)
             self._account()
-            self.train_active = False
+            self.train_active = self.train_working = False
+            self.train_remaining = 0.0
             self.version += 1
             self.last_step_s = self.env.now - started
             self._fill()
@@ -200,32 +210,92 @@ class ClusterSim:
         self.wall_s = self.env.now
         self.done.succeed()
 
+    def _work_off(self, work: float, until_change: bool = False) -> Generator[simpy.Event, Any, float]:
+        """Work off ``work`` cell-seconds at the rate of the active train cells; returns what is left
+        (0 unless ``until_change``, which returns at the first state change)."""
+        while work > 0:
+            n = self.active("train")
+            if n == 0:
+                yield self._changed
+                if until_change:
+                    return work
+                continue
+            t0, done = self.env.now, self.env.timeout(work / n)
+            yield done | self._changed
+            work = 0.0 if done.processed else max(work - (self.env.now - t0) * n, 0.0)
+            if until_change:
+                return work
+        return 0.0
+
+    def _streamed_step(self) -> Generator[simpy.Event, Any, float]:
+        """One step with streaming accumulation: each consumed rollout's share of the step is worked off as it
+        arrives; the step ends when the whole batch is consumed and worked off. Returns the step's start."""
+        w = self.w
+        per = w.train_cell_s_per_step / w.batch_size
+        taken, in_hand, started = 0, 0.0, self.env.now
+        while taken < w.batch_size or in_hand > 0:
+            got = self._take(w.batch_size - taken) if taken < w.batch_size else 0
+            if got:
+                if not self.train_active:
+                    started = self.env.now
+                self._account()
+                taken, in_hand = taken + got, in_hand + got * per
+                self.train_active = self.train_working = True
+                self.train_remaining = in_hand + (w.batch_size - taken) * per
+                self._notify()
+            if in_hand <= 0:
+                self._check_pool()
+                yield self._changed
+                continue
+            left = yield from self._work_off(in_hand, until_change=True)
+            self._account()
+            in_hand = left
+            self.train_working = in_hand > 0
+            self.train_remaining = in_hand + (w.batch_size - taken) * per
+        return started
+
     def _gather_batch(self) -> Proc:
-        """Consume one batch from the backlog by the workload's batch rule (waits until it is complete)."""
+        """Wait until one whole batch is consumable by the workload's batch rule, then consume it."""
+        while True:
+            if self.w.batch_rule == "first_finished" and self.w.stale_rollouts == "drop":
+                self._drop_stale()
+            ready = self._consumable()
+            if len(ready) >= self.w.batch_size:
+                self._take(self.w.batch_size)
+                return
+            self._check_pool()
+            yield self._changed
+
+    def _consumable(self) -> list[int]:
+        """Backlog indices the current step may consume, in consumption order."""
         if self.w.batch_rule == "exact":
-            ids = range(self.version * self.w.batch_size, (self.version + 1) * self.w.batch_size)
-            while any(i not in self.backlog for i in ids):
-                yield self._changed
+            lo = self.version * self.w.batch_size
+            return [i for i in range(lo, lo + self.w.batch_size) if i in self.backlog]
+        return list(self.backlog)
+
+    def _drop_stale(self) -> None:
+        """Drop every backlog rollout more than the bound stale (a replacement is admitted for each)."""
+        for i in [i for i, r in self.backlog.items() if self.version - r.version > self.bound]:
             self._account()
-            for i in ids:
-                self._consume(self.backlog.pop(i), 1.0)
-            return
+            self.dropped.append(self.version - self.backlog.pop(i).version)
+        self._fill()
+
+    def _take(self, want: int) -> int:
+        """Consume up to ``want`` rollouts available now by the batch rule; returns how many were trained."""
+        if self.w.batch_rule == "first_finished" and self.w.stale_rollouts == "drop":
+            self._drop_stale()
         taken = 0
-        while taken < self.w.batch_size:
-            if not self.backlog:
-                if self.next_idx >= self.pool and not self.running and not self.paused:
-                    raise RuntimeError(f"simulator: rollout pool of {self.pool} exhausted by dropped stale rollouts")
-                yield self._changed
-                continue
+        for i in self._consumable()[:want]:
             self._account()
-            r = self.backlog.pop(next(iter(self.backlog)))
+            r = self.backlog.pop(i)
             excess = self.version - r.version - self.bound
-            if excess > 0 and self.w.stale_rollouts == "drop":
-                self.dropped.append(self.version - r.version)
-                self._fill()
-                continue
             self._consume(r, self.w.stale_weight**excess if excess > 0 else 1.0)
             taken += 1
+        return taken
+
+    def _check_pool(self) -> None:
+        if self.next_idx >= self.pool and not self.running and not self.paused:
+            raise RuntimeError(f"simulator: rollout pool of {self.pool} exhausted by dropped stale rollouts")
 
     def _consume(self, r: _Rollout, weight: float) -> None:
         self.trained[r.idx] += 1
@@ -276,7 +346,7 @@ class ClusterSim:
         start = self.env.now
         self._shrink()
         self._notify()
-        yield self.env.timeout(self.w.switch_cost_s)
+        yield self.env.timeout(self.w.switch_cost_to(to))
         self._account()
         cell.switching, cell.role_since_s = False, self.env.now
         self.switch_log.append(Switch(cell.cell_id, old, to, start, self.env.now - start))
@@ -287,17 +357,38 @@ class ClusterSim:
         assignment = {c.cell_id: c.role for c in self.cells}
         for c in self.cells:
             new = decision.target[c.cell_id]
+            if c.cell_id in self.pinned and new != "train":
+                self.refused_moves += 1
+                continue
             if new != assignment[c.cell_id] and not c.switching:
                 self.moves.append(Move(self.env.now, c.cell_id, c.role, new, decision.reasons.get(c.cell_id, "")))
                 self.env.process(self._switch(c, new))
 
     def _controller(self) -> Proc:
+        stalled_since: float | None = None
         while not self.done.triggered:
             s = self.signals()
             decision = check_decision(self.policy.decide(s, {c.cell_id: c.role for c in self.cells}), s)
             self.decisions += 1
             self._apply(decision)
+            stalled_since = self._check_stall(stalled_since)
             yield self.env.timeout(self.w.tick_s) | self._changed | self.done
+
+    def _check_stall(self, since: float | None) -> float | None:
+        """Raise when nothing has run (no rollout, no training work, no switch) for 10 ticks: the policy
+        left the run without a cell where the work is, so it would never finish."""
+        busy = self.running or any(c.switching for c in self.cells) or (self.train_working and self.active("train"))
+        if busy:
+            return None
+        if since is None:
+            return self.env.now
+        if self.env.now - since > 10 * self.w.tick_s:
+            roles = {r: self.active(r) for r in ("rollout", "train", "idle")}
+            raise RuntimeError(
+                f"simulator: stalled since t={since:.0f}s under policy {getattr(self.policy, 'name', '?')!r} "
+                f"(cells {roles}, backlog {len(self.backlog)}, version {self.version}): no cell where the work is"
+            )
+        return since
 
     def run(self) -> SimResult:
         self._account()
@@ -329,13 +420,24 @@ class ClusterSim:
             weights=self.weights,
             dropped=self.dropped,
             timed_out=self.timed_out,
+            role_cell_s=self.role_cell_s,
+            pinned=sorted(self.pinned),
+            refused_moves=self.refused_moves,
         )
 
 
+def pins_core(policy: Policy) -> bool:
+    """Whether the simulator pins ``policy``'s core cells to training (all but colocated policies)."""
+    return bool(getattr(policy, "pins_core", True))
+
+
 def make_policy(name: str, workload: Workload, **kwargs: object) -> Policy:
-    """A built-in policy configured for ``workload`` (staleness bound from the workload unless given)."""
+    """A built-in policy configured for ``workload`` (staleness bound from the workload unless given; Elastic
+    keeps core cells in training when the workload has any)."""
     if name in ("async", "elastic"):
         kwargs.setdefault("max_staleness", workload.max_staleness)
+    if name == "elastic" and workload.core_cells:
+        kwargs.setdefault("pin_core", True)
     return load_policy(name, **kwargs)
 
 

@@ -49,11 +49,12 @@ def plot_idle(results: Sequence[SimResult], path: Path) -> Path:
 
 
 def plot_sweep(rows: Sequence[dict[str, float]], field: str, path: Path, log_x: bool = False) -> Path:
-    """Speed-up of Elastic over Colocate and Async against one swept parameter."""
+    """Speed-up of Elastic over Colocate, the best static split and the half/half split against one parameter."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = [r[field] for r in rows]
     ax.plot(xs, [r["elastic_vs_colocate"] for r in rows], "o-", label="elastic vs colocate")
-    ax.plot(xs, [r["elastic_vs_async"] for r in rows], "s-", label="elastic vs async")
+    ax.plot(xs, [r["elastic_vs_best_static"] for r in rows], "s-", label="elastic vs best static split")
+    ax.plot(xs, [r["elastic_vs_async_half"] for r in rows], "^--", label="elastic vs half/half")
     ax.axhline(1.0, color="grey", lw=0.8)
     if log_x:
         ax.set_xscale("log")

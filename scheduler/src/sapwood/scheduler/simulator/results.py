@@ -49,6 +49,12 @@ class SimResult:
     dropped: list[int] = field(default_factory=list)
     #: rollout index -> partial score (fraction of its work done) for every rollout cut by the timeout
     timed_out: dict[int, float] = field(default_factory=dict)
+    #: cell id -> seconds spent in each role ("rollout", "train", "idle") and switching
+    role_cell_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the core cells pinned to training
+    pinned: list[str] = field(default_factory=list)
+    #: policy moves of a pinned cell out of training that the simulator refused
+    refused_moves: int = 0
 
     @property
     def switch_count(self) -> int:
