@@ -74,11 +74,21 @@ def stream_chunks(answer: dict[str, Any], endpoint: str) -> list[dict[str, Any]]
     return chunks
 
 
-def stub_app(*, malformed: bool = False, hang_after: int | None = None) -> FastAPI:
+def stub_app(*, malformed: bool = False, hang_after: int | None = None, fail_status: int | None = None) -> FastAPI:
     """The stand-in; ``malformed=True`` answers without token ids (an upstream that ignores the request);
-    ``hang_after``: streams stall after that many chunks."""
+    ``hang_after``: streams stall after that many chunks; ``fail_status``: every POST is answered with
+    that status (after it is logged in ``state.requests``)."""
     app = FastAPI()
     app.state.requests = []
+
+    if fail_status is not None:
+
+        @app.middleware("http")
+        async def fail(request: Request, call_next: Any) -> Response:
+            if request.method == "POST":
+                app.state.requests.append(await request.json())
+                return JSONResponse({"error": "stand-in failure"}, status_code=fail_status)
+            return await call_next(request)  # type: ignore[no-any-return]
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
