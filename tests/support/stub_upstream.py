@@ -144,6 +144,35 @@ def stub_app(*, malformed: bool = False, hang_after: int | None = None, fail_sta
             choice["token_ids"] = out
         return sse(stream_chunks(answer, "chat"), hang_after) if body.get("stream") else JSONResponse(answer)
 
+    @app.post("/generate")
+    async def generate_native(request: Request) -> Response:
+        """SGLang's native shape: ``text``, ``output_ids``, ``meta_info`` with ``[logprob, id, text]`` lists."""
+        body = await request.json()
+        app.state.requests.append(body)
+        prompt_ids = list(body["input_ids"]) if "input_ids" in body else text_ids(body["text"])
+        n = int((body.get("sampling_params") or {}).get("max_new_tokens", 4))
+        out, lps, text = generate(prompt_ids, n)
+
+        def meta(k: int) -> dict[str, Any]:
+            m: dict[str, Any] = {
+                "id": "gen-1", "prompt_tokens": len(prompt_ids), "completion_tokens": k, "cached_tokens": 0,
+                "finish_reason": {"type": "length", "length": n} if k == n else None,
+            }
+            if body.get("return_logprob"):
+                m["output_token_logprobs"] = [[lp, i, None] for lp, i in zip(lps[:k], out[:k], strict=True)]
+                start = body.get("logprob_start_len")
+                m["input_token_logprobs"] = (
+                    [[None if j == 0 else -1.0, i, None] for j, i in enumerate(prompt_ids)] if start == 0 else []
+                )
+                if malformed:
+                    m.pop("output_token_logprobs")
+            return m
+
+        if body.get("stream"):  # cumulative chunks, one per token, as SGLang streams by default
+            chunks = [{"text": text[:k], "output_ids": out[:k], "meta_info": meta(k)} for k in range(1, n + 1)]
+            return sse(chunks, hang_after)
+        return JSONResponse({"text": text, "output_ids": out, "meta_info": meta(n)})
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
