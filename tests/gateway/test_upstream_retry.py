@@ -28,7 +28,7 @@ def test_failing_upstream_is_retried_on_the_next_with_the_same_body(
     store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
     transport = InProcessTransport(store, batch_size=1)
     bad, good = stub_app(fail_status=503), stub_app()
-    mounts = {"http://good": httpx.ASGITransport(app=good)}
+    mounts: dict[str, httpx.AsyncBaseTransport] = {"http://good": httpx.ASGITransport(app=good)}
     if failure == "status":
         mounts["http://bad"] = httpx.ASGITransport(app=bad)
     else:  # nothing listens there

@@ -88,7 +88,7 @@ def stub_app(*, malformed: bool = False, hang_after: int | None = None, fail_sta
             if request.method == "POST":
                 app.state.requests.append(await request.json())
                 return JSONResponse({"error": "stand-in failure"}, status_code=fail_status)
-            return await call_next(request)  # type: ignore[no-any-return]
+            return await call_next(request)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
