@@ -35,7 +35,7 @@ SAMPLING = {"max_tokens": 3, "temperature": 0.0}
 def gateway(vllm_url: str, tmp_path: Path) -> Iterator[tuple[str, Store]]:
     store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
     transport = InProcessTransport(store, batch_size=1)
-    app = create_app(GatewayConfig(upstreams=[vllm_url], run_id="e2e"), transport)
+    app = create_app(GatewayConfig(upstreams=[vllm_url], run_id="e2e", ack="durable"), transport)
     with serve_in_thread(app) as url:
         yield url, store
     transport.close()

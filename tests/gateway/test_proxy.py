@@ -34,11 +34,12 @@ class Rig:
 
 
 def _rig(tmp_path: Path, *, malformed: bool = False) -> Iterator[Rig]:
+    """The gateway with ``ack="durable"``: each answer comes after its call is committed."""
     store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
     transport = InProcessTransport(store, batch_size=1)
     upstream = stub_app(malformed=malformed)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=upstream))
-    app = create_app(GatewayConfig(upstreams=["http://stub"], run_id="gw-test"), transport, client=http)
+    app = create_app(GatewayConfig(upstreams=["http://stub"], run_id="gw-test", ack="durable"), transport, client=http)
     with TestClient(app) as client:
         yield Rig(client, store, upstream, app)
     transport.close()
@@ -128,6 +129,7 @@ def test_idle_sessions_end_as_timeout(rig: Rig) -> None:
     last = gw.sessions.open["idle"].last_seen
     assert gw.expire_idle(last + gw.config.idle_timeout_s - 0.001) == []
     assert gw.expire_idle(last + gw.config.idle_timeout_s) == ["idle"]
+    gw.recorder.flush(timeout=30)
     assert _status(rig.store) == [("timeout", None)]
 
 
@@ -256,6 +258,7 @@ def test_client_that_disconnects_mid_stream_records_the_partial_output_as_abort(
             while calls.labels("completions", "aborted")._value.get() < 1:
                 assert time.monotonic() < deadline, "the aborted stream was never recorded"
                 time.sleep(0.01)
+            app.state.gateway.recorder.flush(timeout=30)
     with store.transaction() as conn:
         call_id, reason = conn.exec_driver_sql("SELECT call_id, finish_reason FROM calls").one()
     assert reason == "abort"

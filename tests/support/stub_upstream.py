@@ -74,11 +74,21 @@ def stream_chunks(answer: dict[str, Any], endpoint: str) -> list[dict[str, Any]]
     return chunks
 
 
-def stub_app(*, malformed: bool = False, hang_after: int | None = None) -> FastAPI:
+def stub_app(*, malformed: bool = False, hang_after: int | None = None, fail_status: int | None = None) -> FastAPI:
     """The stand-in; ``malformed=True`` answers without token ids (an upstream that ignores the request);
-    ``hang_after``: streams stall after that many chunks."""
+    ``hang_after``: streams stall after that many chunks; ``fail_status``: every POST is answered with
+    that status (after it is logged in ``state.requests``)."""
     app = FastAPI()
     app.state.requests = []
+
+    if fail_status is not None:
+
+        @app.middleware("http")
+        async def fail(request: Request, call_next: Any) -> Response:
+            if request.method == "POST":
+                app.state.requests.append(await request.json())
+                return JSONResponse({"error": "stand-in failure"}, status_code=fail_status)
+            return await call_next(request)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -133,6 +143,35 @@ def stub_app(*, malformed: bool = False, hang_after: int | None = None) -> FastA
             answer["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = out
         return sse(stream_chunks(answer, "chat"), hang_after) if body.get("stream") else JSONResponse(answer)
+
+    @app.post("/generate")
+    async def generate_native(request: Request) -> Response:
+        """SGLang's native shape: ``text``, ``output_ids``, ``meta_info`` with ``[logprob, id, text]`` lists."""
+        body = await request.json()
+        app.state.requests.append(body)
+        prompt_ids = list(body["input_ids"]) if "input_ids" in body else text_ids(body["text"])
+        n = int((body.get("sampling_params") or {}).get("max_new_tokens", 4))
+        out, lps, text = generate(prompt_ids, n)
+
+        def meta(k: int) -> dict[str, Any]:
+            m: dict[str, Any] = {
+                "id": "gen-1", "prompt_tokens": len(prompt_ids), "completion_tokens": k, "cached_tokens": 0,
+                "finish_reason": {"type": "length", "length": n} if k == n else None,
+            }
+            if body.get("return_logprob"):
+                m["output_token_logprobs"] = [[lp, i, None] for lp, i in zip(lps[:k], out[:k], strict=True)]
+                start = body.get("logprob_start_len")
+                m["input_token_logprobs"] = (
+                    [[None if j == 0 else -1.0, i, None] for j, i in enumerate(prompt_ids)] if start == 0 else []
+                )
+                if malformed:
+                    m.pop("output_token_logprobs")
+            return m
+
+        if body.get("stream"):  # cumulative chunks, one per token, as SGLang streams by default
+            chunks = [{"text": text[:k], "output_ids": out[:k], "meta_info": meta(k)} for k in range(1, n + 1)]
+            return sse(chunks, hang_after)
+        return JSONResponse({"text": text, "output_ids": out, "meta_info": meta(n)})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -1,9 +1,14 @@
-"""The recording proxy: OpenAI-compatible endpoints in front of one or more upstreams (non-streaming).
+"""The recording proxy: OpenAI-compatible and SGLang ``/generate`` endpoints in front of one or more upstreams.
 
 Each call's exact prompt ids, output ids and log-probs become a TITO ``model_call`` event of the
 session's execution, through the rollout SDK's :class:`~sapwood.rollout.recorder.Recorder` (the same
 events an SDK-instrumented rollout writes). The session is named by ``/s/{session}/v1/...`` or
-``X-Session-Id``; a session maps to one execution and to one upstream (stable hash of its id).
+``X-Session-Id``; a session maps to one execution and to one upstream (stable hash of its id); an
+upstream 5xx or connection error before any byte reached the client is retried on the next upstream.
+Events go through a :class:`~sapwood.gateway.recording.BackgroundRecorder` (``ack="async"``: answer
+once queued; ``"durable"``: answer once the transport acknowledged the call's event). While the
+transport fails or the backlog is full, calls are refused with 429 (or, ``fail_open``, forwarded
+unrecorded and counted).
 """
 
 from __future__ import annotations
@@ -16,32 +21,64 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from sapwood.gateway.openai_format import (
-    Endpoint,
-    MalformedAnswerError,
-    client_answer,
-    recorded_choices,
-    upstream_request,
-)
+from sapwood.gateway import openai_format, sglang_format
+from sapwood.gateway.openai_format import MalformedAnswerError, RecordedChoice
+from sapwood.gateway.recording import ACK_MODES, BackgroundRecorder
 from sapwood.gateway.sessions import Session, SessionError, SessionRef, SessionTable, resolve
+from sapwood.gateway.sglang_format import GenerateGather
 from sapwood.gateway.streaming import StreamGather, parse_sse_data
+from sapwood.platform.events import ExecutionFinished, ModelCall
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
 from sapwood.rollout.transports import Transport
+
+Route = Literal["completions", "chat", "generate"]
+ROUTE_PATHS: dict[Route, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "generate": "/generate",
+}
 
 FINISH_STATUSES = ("success", "error", "timeout")
 
 
+def upstream_order(upstreams: Sequence[str], session_id: str) -> list[str]:
+    """The upstreams in the order a session tries them: its pinned one (stable hash of its id, so the
+    same session hits the same server cache) first, then the next ones round the list."""
+    h = int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest(), "big") % len(upstreams)
+    return [*upstreams[h:], *upstreams[:h]]
+
+
 def pick_upstream(upstreams: Sequence[str], session_id: str) -> str:
-    """The upstream a session is pinned to: a stable hash of its id (same session -> same server cache)."""
-    h = int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest(), "big")
-    return upstreams[h % len(upstreams)]
+    """The upstream a session is pinned to."""
+    return upstream_order(upstreams, session_id)[0]
+
+
+def upstream_body(route: Route, body: Any) -> dict[str, Any]:
+    """What the upstream is asked (the client's body plus what recording needs)."""
+    if route == "generate":
+        return sglang_format.upstream_request(body)
+    return openai_format.upstream_request(route, body)
+
+
+def answer_choices(route: Route, body: dict[str, Any], answer: Any) -> list[RecordedChoice]:
+    """The recorded choices of an answer (:class:`MalformedAnswerError` names what is missing)."""
+    if route == "generate":
+        return sglang_format.recorded_choices(body, answer)
+    return openai_format.recorded_choices(route, answer)
+
+
+def stripped(route: Route, body: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer (or chunk) the client gets: without what only the gateway asked for."""
+    if route == "generate":
+        return sglang_format.client_answer(body, answer)
+    return openai_format.client_answer(route, body, answer)
 
 
 @dataclass
@@ -55,8 +92,25 @@ class GatewayConfig:
     upstream_timeout_s: float = 600.0
     vocab_size: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: ``async``: answer once the call's events are queued; ``durable``: once the transport acknowledged them.
+    ack: str = "async"
+    #: Refused (False: 429 + Retry-After) or forwarded unrecorded (True) while recording cannot keep up.
+    fail_open: bool = False
+    #: Events queued and not delivered (plus calls in flight) above which calls are refused.
+    max_pending: int = 10_000
+    #: Events per transaction / flush of the background recorder.
+    batch_size: int = 256
+    retry_after_s: int = 1
+    #: Seconds a durable call waits for its acknowledgement before it is answered 429.
+    durable_timeout_s: float = 30.0
+    #: Upstreams tried per call (5xx or connection error before any byte reached the client).
+    max_attempts: int = 2
 
     def __post_init__(self) -> None:
+        if self.ack not in ACK_MODES:
+            raise ValueError(f"ack must be one of {', '.join(ACK_MODES)}, got {self.ack!r}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if not self.upstreams:
             raise ValueError("at least one --upstream URL is needed (e.g. http://127.0.0.1:8000)")
         for url in self.upstreams:
@@ -70,7 +124,11 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, transport: Transport) -> None:
         self.config = config
-        self.transport = transport
+        self.recorder = BackgroundRecorder(
+            transport, batch_size=config.batch_size, max_pending=config.max_pending,
+            track_acks=config.ack == "durable",
+        )
+        self.transport: Transport = self.recorder
         self.sessions = SessionTable(config.idle_timeout_s)
         self.executions: dict[str, ExecutionRecorder] = {}
         self._recorders: dict[str, Recorder] = {}
@@ -85,6 +143,22 @@ class Gateway:
         )
         self.sessions_ended = Counter(
             "sapwood_gateway_sessions_ended", "sessions ended", ["status"], registry=self.registry
+        )
+        self.refused = Counter(
+            "sapwood_gateway_refused_calls", "calls answered 429: recording unavailable", ["reason"],
+            registry=self.registry,
+        )
+        self.unrecorded = Counter(
+            "sapwood_gateway_unrecorded_calls", "calls forwarded without recording (--fail-open)", ["reason"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "sapwood_gateway_upstream_retries", "calls retried on the next upstream", ["reason"],
+            registry=self.registry,
+        )
+        self.ack_lag = Histogram(
+            "sapwood_gateway_ack_lag_seconds", "event queued -> delivered by the transport (async risk window)",
+            registry=self.registry, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
         )
 
     def _recorder(self, run_id: str) -> Recorder:
@@ -110,10 +184,9 @@ class Gateway:
             self.executions[session.session_id] = ex
         return ex
 
-    def record(self, ref: SessionRef, endpoint: Endpoint, answer: dict[str, Any]) -> list[tuple[str, str]]:
-        """Record every choice of ``answer`` in the session's execution; returns (placement kind, call id)s."""
-        choices = recorded_choices(endpoint, answer)
-        kinds: list[tuple[str, str]] = []
+    def record(self, ref: SessionRef, choices: list[RecordedChoice]) -> list[tuple[str, ModelCall]]:
+        """Record ``choices`` in the session's execution; returns (placement kind, call event)s."""
+        kinds: list[tuple[str, ModelCall]] = []
         with self._lock:
             session = self.sessions.touch(ref, time.monotonic())
             ex = self._execution(session)
@@ -124,11 +197,13 @@ class Gateway:
                     c.prompt_ids, c.output_ids, c.logprobs, policy_version=version, finish_reason=c.finish_reason
                 )
                 self.placements.labels(placement.kind).inc()
-                kinds.append((placement.kind, call.call_id))
+                kinds.append((placement.kind, call))
         return kinds
 
-    def finish(self, session_id: str, status: str, reward: float | None, partial_score: float | None) -> str:
-        """End a session's execution with ``status`` (and reward / partial score); returns its execution id."""
+    def finish(
+        self, session_id: str, status: str, reward: float | None, partial_score: float | None
+    ) -> ExecutionFinished:
+        """End a session's execution with ``status`` (and reward / partial score); returns its finish event."""
         if status not in FINISH_STATUSES:
             raise ValueError(f"status must be one of {', '.join(FINISH_STATUSES)}, got {status!r}")
         with self._lock:
@@ -136,9 +211,9 @@ class Gateway:
             ex = self.executions.pop(session_id)
             if partial_score is not None:
                 ex.score(partial_score)
-            ex.finish(status, reward)
+            event = ex.finish(status, reward)
             self.sessions_ended.labels(status).inc()
-            return ex.execution_id
+            return event
 
     def expire_idle(self, now: float) -> list[str]:
         """End every session idle past the timeout as ``timeout``; returns their session ids."""
@@ -147,19 +222,41 @@ class Gateway:
             for s in ended:
                 ex = self.executions.pop(s.session_id, None)
                 if ex is not None:
-                    ex.finish("timeout")
+                    event = ex.finish("timeout")
+                    if self.config.ack == "durable":
+                        self.recorder.take_ack(event.event_id)  # nobody waits for it
                 self.sessions_ended.labels("timeout").inc()
         return [s.session_id for s in ended]
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
+
+
+def _call_headers(kinds: list[tuple[str, ModelCall]]) -> dict[str, str]:
+    return {
+        "X-Sapwood-Placement": ",".join(k for k, _ in kinds),
+        "X-Sapwood-Call-Id": ",".join(c.call_id for _, c in kinds),
+    }
+
+
+class NotAcknowledged(Exception):
+    """A durable call's event was not acknowledged in time, or its delivery failed."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.AsyncClient | None = None) -> FastAPI:
-    """The gateway as an ASGI app; ``client`` (tests) replaces the upstream HTTP client."""
+    """The gateway as an ASGI app; ``client`` (tests) replaces the upstream HTTP client.
+
+    The gateway owns a background recorder in front of ``transport``; app shutdown drains it into
+    ``transport`` (which stays open: the caller closes it)."""
     gw = Gateway(config, transport)
+    gw.recorder.lag_observer = gw.ack_lag.observe
     http = client or httpx.AsyncClient(timeout=httpx.Timeout(config.upstream_timeout_s))
+    retry_after = {"Retry-After": str(config.retry_after_s)}
 
     async def _expiry_loop() -> None:
         period = min(config.idle_timeout_s / 4, 5.0)
@@ -172,13 +269,53 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         expiry = asyncio.create_task(_expiry_loop())
         yield
         expiry.cancel()
+        await asyncio.to_thread(gw.recorder.close)  # every queued event reaches the transport
         if client is None:
             await http.aclose()
 
     app = FastAPI(title="sapwood gateway", lifespan=lifespan)
     app.state.gateway = gw
 
-    async def _proxy(request: Request, endpoint: Endpoint) -> Response:
+    async def _await_acks(kinds: Sequence[tuple[str, ModelCall | ExecutionFinished]]) -> None:
+        """Durable mode: return once every call's event is acknowledged; :class:`NotAcknowledged` if not."""
+        if config.ack != "durable":
+            return
+        futures = [gw.recorder.take_ack(call.event_id) for _, call in kinds]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
+                                   config.durable_timeout_s)
+        except TimeoutError:
+            raise NotAcknowledged(
+                f"the call was not acknowledged by the transport within {config.durable_timeout_s} s "
+                "(it may still be stored); retry later", 429) from None
+        except Exception as exc:
+            raise NotAcknowledged(f"the call could not be recorded: {exc}", 502) from exc
+
+    async def _send_upstream(
+        route: Route, ref: SessionRef, up_body: dict[str, Any], stream: bool
+    ) -> tuple[httpx.Response | None, str, str]:
+        """POST to the session's upstream, retrying the next one on a connection error or 5xx (same body);
+        returns the last response (None if none answered), its URL and the last error message."""
+        order = upstream_order(config.upstreams, ref.session_id)[: config.max_attempts]
+        resp: httpx.Response | None = None
+        url, error = "", ""
+        for k, base in enumerate(order):
+            url = base + ROUTE_PATHS[route]
+            try:
+                resp = await http.send(http.build_request("POST", url, json=up_body), stream=stream)
+            except httpx.HTTPError as exc:
+                resp, error, reason = None, f"upstream {url} unreachable: {exc}", "connection"
+            else:
+                if resp.status_code < 500 or k == len(order) - 1:
+                    return resp, url, ""
+                await resp.aread()
+                await resp.aclose()
+                reason = "status"
+            if k < len(order) - 1:
+                gw.retries.labels(reason).inc()
+        return resp, url, error
+
+    async def _proxy(request: Request, route: Route) -> Response:
         t0 = time.perf_counter()
         try:
             ref = resolve(request.url.path, dict(request.headers))
@@ -186,78 +323,123 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             return _error(400, str(exc), "invalid_request_error")
         try:
             body = await request.json()
-            up_body = upstream_request(endpoint, body)
+            up_body = upstream_body(route, body)
         except ValueError as exc:
-            return _error(400, f"request body must be a JSON object: {exc}", "invalid_request_error")
-        path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
-        url = pick_upstream(config.upstreams, ref.session_id) + path
-        if body.get("stream"):
-            return await _stream(ref, endpoint, body, up_body, url)
+            return _error(400, f"bad request body: {exc}", "invalid_request_error")
+        admission = gw.recorder.admit()
+        if not admission.ok:
+            if not config.fail_open:
+                gw.refused.labels(admission.reason).inc()
+                return _error(429, f"recording is unavailable ({admission.reason.replace('_', ' ')}); "
+                              f"retry after {config.retry_after_s} s", "rate_limit_error", retry_after)
+            gw.unrecorded.labels(admission.reason).inc()
+        recording = admission.ok
         try:
-            upstream = await http.post(url, json=up_body)
-        except httpx.HTTPError as exc:
-            gw.calls.labels(endpoint, "upstream_error").inc()
-            return _error(502, f"upstream {url} unreachable: {exc}", "upstream_error")
+            if body.get("stream"):
+                response = await _stream(ref, route, body, up_body, recording)
+                recording = False  # the stream releases its admission when it ends
+                return response
+            return await _answer(ref, route, body, up_body, recording, t0)
+        finally:
+            if recording:
+                gw.recorder.release()
+
+    async def _answer(
+        ref: SessionRef, route: Route, body: dict[str, Any], up_body: dict[str, Any], recording: bool, t0: float
+    ) -> Response:
+        upstream, url, error = await _send_upstream(route, ref, up_body, stream=False)
+        if upstream is None:
+            gw.calls.labels(route, "upstream_error").inc()
+            return _error(502, error, "upstream_error")
         if upstream.status_code != 200:
-            gw.calls.labels(endpoint, "upstream_status").inc()
+            gw.calls.labels(route, "upstream_status").inc()
             return Response(
                 upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type")
             )
         try:
             answer = upstream.json()
-            kinds = await asyncio.to_thread(gw.record, ref, endpoint, answer)
+            choices = answer_choices(route, body, answer)
         except (ValueError, MalformedAnswerError) as exc:
-            gw.calls.labels(endpoint, "malformed").inc()
+            gw.calls.labels(route, "malformed").inc()
             return _error(502, f"malformed upstream answer from {url}: {exc}", "upstream_error")
-        gw.calls.labels(endpoint, "recorded").inc()
-        gw.latency.labels(endpoint).observe(time.perf_counter() - t0)
-        headers = {
-            "X-Sapwood-Placement": ",".join(k for k, _ in kinds),
-            "X-Sapwood-Call-Id": ",".join(c for _, c in kinds),
-        }
-        return JSONResponse(client_answer(endpoint, body, answer), headers=headers)
-
-    def _record_gathered(ref: SessionRef, endpoint: Endpoint, gather: StreamGather, aborted: bool) -> None:
-        try:
-            gw.record(ref, endpoint, gather.answer(aborted=aborted))
-        except MalformedAnswerError:
-            gw.calls.labels(endpoint, "malformed").inc()
+        headers: dict[str, str] = {}
+        if recording:
+            kinds = await asyncio.to_thread(gw.record, ref, choices)
+            try:
+                await _await_acks(kinds)
+            except NotAcknowledged as exc:
+                gw.calls.labels(route, "not_acknowledged").inc()
+                return _error(exc.status, str(exc), "recording_error", retry_after)
+            headers = _call_headers(kinds)
+            gw.calls.labels(route, "recorded").inc()
         else:
-            gw.calls.labels(endpoint, "aborted" if aborted else "recorded").inc()
+            gw.calls.labels(route, "unrecorded").inc()
+        gw.latency.labels(route).observe(time.perf_counter() - t0)
+        return JSONResponse(stripped(route, body, answer), headers=headers)
+
+    def _record_gathered(
+        ref: SessionRef, route: Route, body: dict[str, Any], gather: StreamGather | GenerateGather, aborted: bool
+    ) -> list[tuple[str, ModelCall]]:
+        try:
+            kinds = gw.record(ref, answer_choices(route, body, gather.answer(aborted=aborted)))
+        except MalformedAnswerError:
+            gw.calls.labels(route, "malformed").inc()
+            return []
+        gw.calls.labels(route, "aborted" if aborted else "recorded").inc()
+        return kinds
 
     async def _stream(
-        ref: SessionRef, endpoint: Endpoint, body: dict[str, Any], up_body: dict[str, Any], url: str
+        ref: SessionRef, route: Route, body: dict[str, Any], up_body: dict[str, Any], recording: bool
     ) -> Response:
-        try:
-            upstream = await http.send(http.build_request("POST", url, json=up_body), stream=True)
-        except httpx.HTTPError as exc:
-            gw.calls.labels(endpoint, "upstream_error").inc()
-            return _error(502, f"upstream {url} unreachable: {exc}", "upstream_error")
+        def release() -> None:
+            if recording:
+                gw.recorder.release()
+
+        upstream, _url, error = await _send_upstream(route, ref, up_body, stream=True)
+        if upstream is None:
+            release()
+            gw.calls.labels(route, "upstream_error").inc()
+            return _error(502, error, "upstream_error")
         if upstream.status_code != 200:
+            release()
             content = await upstream.aread()
             await upstream.aclose()
-            gw.calls.labels(endpoint, "upstream_status").inc()
+            gw.calls.labels(route, "upstream_status").inc()
             return Response(content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
-        gather = StreamGather(endpoint)
+        gather: StreamGather | GenerateGather = GenerateGather() if route == "generate" else StreamGather(route)
 
         async def relay() -> AsyncIterator[str]:
-            complete = False
+            recorded = False
             try:
                 async for line in upstream.aiter_lines():
                     chunk = parse_sse_data(line)
-                    if chunk is None:
-                        complete = complete or line.strip() == "data: [DONE]"
-                        yield line + "\n"
+                    if chunk is not None:
+                        gather.feed(chunk)
+                        yield "data: " + json.dumps(stripped(route, body, chunk)) + "\n"
                         continue
-                    gather.feed(chunk)
-                    yield "data: " + json.dumps(client_answer(endpoint, body, chunk)) + "\n"
-                complete = True
+                    if line.strip() == "data: [DONE]" and recording and not recorded:
+                        recorded = True  # record (durable: and wait for the ack) before the client sees [DONE]
+                        kinds = await asyncio.to_thread(_record_gathered, ref, route, body, gather, False)
+                        try:
+                            await _await_acks(kinds)
+                        except NotAcknowledged as exc:
+                            yield "data: " + json.dumps({"error": {"message": str(exc), "type": "recording_error"}})
+                            yield "\n\n"
+                            return
+                    yield line + "\n"
+                if recording and not recorded:  # a stream that ended without [DONE]
+                    recorded = True
+                    await asyncio.to_thread(_record_gathered, ref, route, body, gather, False)
             finally:
                 await upstream.aclose()
-                if complete:
-                    await asyncio.to_thread(_record_gathered, ref, endpoint, gather, False)
-                else:  # client gone or upstream died: record what arrived, as finish reason "abort"
-                    _record_gathered(ref, endpoint, gather, True)
+                if recording and not recorded:  # client gone or upstream died: what arrived, as "abort"
+                    kinds = _record_gathered(ref, route, body, gather, True)
+                    if config.ack == "durable":
+                        for _, call in kinds:
+                            gw.recorder.take_ack(call.event_id)
+                if not recording:
+                    gw.calls.labels(route, "unrecorded").inc()
+                release()
 
         return StreamingResponse(relay(), media_type="text/event-stream")
 
@@ -267,9 +449,13 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     async def chat(request: Request) -> Response:
         return await _proxy(request, "chat")
 
+    async def generate(request: Request) -> Response:
+        return await _proxy(request, "generate")
+
     for prefix in ("", "/s/{session}"):
         app.post(prefix + "/v1/completions")(completions)
         app.post(prefix + "/v1/chat/completions")(chat)
+        app.post(prefix + "/generate")(generate)
 
         @app.get(prefix + "/v1/models")
         async def models() -> Response:
@@ -280,18 +466,28 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     async def finish(session_id: str, request: Request) -> Response:
         body = await request.json() if await request.body() else {}
         try:
-            execution_id = await asyncio.to_thread(
+            event = await asyncio.to_thread(
                 gw.finish, session_id, body.get("status", "success"), body.get("reward"), body.get("partial_score")
             )
         except KeyError as exc:
             return _error(404, str(exc.args[0]), "not_found")
         except ValueError as exc:
             return _error(400, str(exc), "invalid_request_error")
-        return JSONResponse({"session_id": session_id, "execution_id": execution_id})
+        try:
+            await _await_acks([("finish", event)])
+        except NotAcknowledged as exc:
+            return _error(exc.status, str(exc), "recording_error", retry_after)
+        return JSONResponse({"session_id": session_id, "execution_id": event.execution_id})
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "open_sessions": len(gw.sessions.open), "upstreams": config.upstreams}
+        return {
+            "status": "ok" if gw.recorder.failing is None else "recording_unavailable",
+            "open_sessions": len(gw.sessions.open),
+            "upstreams": config.upstreams,
+            "ack": config.ack,
+            "recorder_backlog": gw.recorder.backlog,
+        }
 
     @app.get("/metrics")
     async def metrics() -> Response:
