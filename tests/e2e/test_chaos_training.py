@@ -46,3 +46,21 @@ def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(p
     bias = figures["length_bias"]  # re-issued samples' rollout lengths vs the others': no bias (1-in-1000 false alarm)
     assert bias["reissued"] >= 1, figures
     assert bias["p_value"] > 0.001, bias
+
+
+@pytest.mark.kafka
+def test_short_campaign_through_kafka_and_killed_ingest_loses_and_duplicates_nothing(
+        pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
+    figures = _campaign().run_campaign(pg_url, prompts=30, samples=2, workers=3, learners=2, kills=8, seed=2,
+                                       out=tmp_path, max_seconds=280.0, kafka=kafka_bootstrap, ingests=2)
+    assert figures["transport"] == "kafka"
+    assert figures["finished"], figures
+    assert figures["random_kills"] >= 8, figures
+    assert figures["fault_deaths"].get("ingest.after_apply", 0) >= 1, figures
+    assert figures["samples"] == 60
+    assert figures["samples_skipped"] == 0
+    assert figures["samples_duplicated"] == 0
+    assert figures["abandoned_queued_for_training"] == 0
+    assert figures["untrained"] == 0
+    assert figures["trained_twice"] == 0
+    assert figures["audit_ok"], figures

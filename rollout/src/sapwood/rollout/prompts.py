@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,11 @@ class PromptClient:
         with self.store.transaction() as conn:
             prompt_queue(conn).release(conn, self.run_id, self.worker_id, [sample_id])
 
+    def done(self, sample_id: str) -> bool:
+        """Whether the sample is done: its current attempt's execution is finished in the store."""
+        with self.store.transaction() as conn:
+            return prompt_queue(conn).done(conn, self.run_id, sample_id)
+
 
 class PromptLease:
     """A claimed prompt sample (:attr:`sample`) and its lease."""
@@ -105,6 +111,22 @@ class PromptLease:
     def release(self) -> None:
         """Give the sample back now (its started execution, if any, is abandoned)."""
         self.client.release(self.sample.sample_id)
+
+    def wait_stored(self, timeout_s: float, *, poll_s: float = 0.05) -> bool:
+        """Wait until the sample is done (its execution's last event is stored); False after ``timeout_s``.
+
+        Through Kafka the last event is stored when ingest applies it, after the recorder's flush: a worker
+        keeps the lease (inside :meth:`keep_alive`) until then, so the sample is not re-issued while its
+        finished execution is still on its way. (A worker killed meanwhile: the sample is re-issued after
+        the lease; the first attempt may still finish in the store later and stays ``abandoned``, never
+        trained.)
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self.client.done(self.sample.sample_id):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
 
     @contextlib.contextmanager
     def keep_alive(self, interval_s: float | None = None) -> Iterator[PromptLease]:

@@ -119,6 +119,12 @@ class PromptQueue:
             _pa.execution_id.in_(finished)).values(state="finished"))
         return len(ids)
 
+    def done(self, conn: Connection, run_id: str, sample_id: str) -> bool:
+        """Whether ``sample_id`` is done (after a :meth:`sync`, so a just-stored finish counts)."""
+        self.sync(conn, run_id)
+        state = conn.execute(sa.select(_ps.state).where(_ps.run_id == run_id, _ps.sample_id == sample_id)).scalar()
+        return state == "done"
+
     def claim(self, conn: Connection, run_id: str, worker: str, limit: int = 1, *, lease_s: float,
               now: float | None = None) -> list[ClaimedSample]:
         """Claim up to ``limit`` samples (pending, or re-issued after a lease ran out) until ``now + lease_s``."""
