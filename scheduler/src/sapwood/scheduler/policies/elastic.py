@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sapwood.platform.events.cells import CellRole
 from sapwood.scheduler.policies.common import start_decision
@@ -112,102 +113,141 @@ class ElasticPolicy:
         consume = s.batch_size / s.train_step_cell_s  # trajectories per second per train cell
         return round(n_cells * consume / (produce + consume))
 
-    # ---- decision --------------------------------------------------------------------------------
+    # ---- decision: one tick, in named steps ------------------------------------------------------
     def decide(self, signals: Signals, assignment: Assignment) -> Decision:
-        s = signals
-        target, reasons, movable = start_decision(s, assignment)
-        cells = {c.cell_id: c for c in s.cells}
-        live = [c for c in s.cells if not c.lost]
+        """Starved roles first, then the rollout pool grown or shrunk toward :meth:`rollout_target`."""
+        t = Tick.start(self, signals, assignment)
+        self.feed_starved_roles(t)
+        want_r = self.rollout_target(t)
+        self.grow_rollout(t, want_r)
+        self.shrink_rollout(t, want_r)
+        return Decision(t.target, t.reasons)
 
-        def count(role: CellRole) -> int:
-            return sum(1 for c in live if target[c.cell_id] == role)
-
-        def capacity() -> int:
-            return sum(c.capacity for c in live if target[c.cell_id] == "rollout")
-
-        def eligible(role: CellRole, prefer: str) -> list[CellState]:
-            pool = [
-                cells[cid]
-                for cid in movable
-                if target[cid] == role and s.at_s - cells[cid].role_since_s >= self.min_dwell_s
-                and cid not in reasons and not (self.pin_core and role == "train" and cells[cid].tier == "core")
-            ]
-            # satellites are the cells that move first; core cells (authoritative parameters) stay in train
-            pool.sort(key=lambda c: (c.tier != prefer, c.role_since_s, c.cell_id))
-            return pool
-
-        train_work = s.train_active or s.backlog_executions >= s.batch_size
-        stale = s.backlog_executions >= s.batch_size and s.staleness_max > self.staleness_bound
-        cost = self.switch_cost(s)
-        moves = 0
-
-        def move(cell: CellState, role: CellRole, why: str) -> None:
-            nonlocal moves
-            target[cell.cell_id] = role
-            reasons[cell.cell_id] = why
-            moves += 1
-
-        # starvation: work waiting and no cell in the role at all (overrides the gate, not the dwell)
-        if train_work and count("train") < max(self.min_train_cells, 1):
-            for cell in eligible("idle", "core") + eligible("rollout", "core"):
-                if moves >= self.max_moves_per_tick or count("train") >= max(self.min_train_cells, 1):
+    def feed_starved_roles(self, t: Tick) -> None:
+        """A role with work waiting and no cell at all gets one (overrides the gate, not the dwell)."""
+        s, floor = t.signals, max(self.min_train_cells, 1)
+        if t.train_work and t.count("train") < floor:
+            for cell in t.eligible("idle", "core") + t.eligible("rollout", "core"):
+                if t.moves >= self.max_moves_per_tick or t.count("train") >= floor:
                     break
-                move(cell, "train", f"starved: training work waiting with {count('train')} train cells")
-        if s.rollout_demand > 0 and capacity() == 0 and not stale:
-            for cell in eligible("idle", "satellite") + eligible("train", "satellite"):
-                if moves >= self.max_moves_per_tick or capacity() > 0:
+                t.move(cell, "train", f"starved: training work waiting with {t.count('train')} train cells")
+        if s.rollout_demand > 0 and t.capacity() == 0 and not t.stale:
+            for cell in t.eligible("idle", "satellite") + t.eligible("train", "satellite"):
+                if t.moves >= self.max_moves_per_tick or t.capacity() > 0:
                     break
-                if target[cell.cell_id] == "train" and train_work and count("train") <= self.min_train_cells:
+                if t.target[cell.cell_id] == "train" and t.train_work and t.count("train") <= self.min_train_cells:
                     continue
-                move(cell, "rollout", f"starved: {s.rollout_demand} rollouts want a slot and no rollout cell")
+                t.move(cell, "rollout", f"starved: {s.rollout_demand} rollouts want a slot and no rollout cell")
 
-        # size the rollout pool: the demand caps it; when both roles have work, balance the rates
+    def rollout_target(self, t: Tick) -> int:
+        """Rollout cells wanted: the demand (with ``hysteresis_slots`` of slack) caps the pool; when both
+        roles have work, the production/consumption balance caps it too; a stale full batch freezes growth."""
+        s, live = t.signals, t.live
         n_live = len(live)
         cap_cell = max(round(sum(c.capacity for c in live) / max(n_live, 1)), 1)
-        # hysteresis: the pool keeps hysteresis_slots of slack above the demand before it releases a cell
         demand_cells = math.ceil((s.rollout_demand + self.hysteresis_slots) / cap_cell) if s.rollout_demand else 0
         want_r = min(demand_cells, n_live)
-        if train_work:
+        if t.train_work:
             want_r = min(want_r, max(self.balanced_rollout_cells(s, n_live, cap_cell), 1 if s.rollout_demand else 0))
             want_r = min(want_r, n_live - self.min_train_cells)
-        if stale:
-            want_r = min(want_r, count("rollout"))
+        if t.stale:
+            want_r = min(want_r, t.count("rollout"))
+        return want_r
 
-        # grow toward want_r
-        for cell in eligible("idle", "satellite") + eligible("train", "satellite"):
-            demand, cap = s.rollout_demand, capacity()
-            if moves >= self.max_moves_per_tick or count("rollout") >= want_r or demand <= cap:
+    def grow_rollout(self, t: Tick, want_r: int) -> None:
+        """Move idle, then train cells into rollout while demand exceeds capacity and the gate lets them."""
+        s = t.signals
+        for cell in t.eligible("idle", "satellite") + t.eligible("train", "satellite"):
+            demand, cap = s.rollout_demand, t.capacity()
+            if t.moves >= self.max_moves_per_tick or t.count("rollout") >= want_r or demand <= cap:
                 break
-            was = target[cell.cell_id]
+            was = t.target[cell.cell_id]
             work_there = s.rollout_p50_s * min(1.0, (demand - cap) / cell.capacity)
             if was == "idle":
                 saved, kind = work_there, "idle cell"
-            elif train_work:
+            elif t.train_work:
                 saved, kind = work_there, "rebalance toward production"
             else:
                 saved, kind = min(self.batch_eta_s(s), work_there), "train cell idle until the next batch"
-            if saved > self.gate_margin * cost:
-                move(cell, "rollout", (
+            if saved > self.gate_margin * t.cost:
+                t.move(cell, "rollout", (
                     f"{kind}: rollout demand {demand} > capacity {cap}, target {want_r} rollout cells; "
-                    f"expected idle saved {saved:.0f}s > switch cost {cost:.0f}s"
+                    f"expected idle saved {saved:.0f}s > switch cost {t.cost:.0f}s"
                 ))
 
-        # shrink toward want_r (surplus cells first, then rebalancing toward training)
-        for cell in eligible("rollout", "satellite"):
-            demand, cap = s.rollout_demand, capacity()
-            if moves >= self.max_moves_per_tick or count("rollout") <= want_r:
+    def shrink_rollout(self, t: Tick, want_r: int) -> None:
+        """Move rollout cells to training: surplus capacity first, then rebalancing, each through the gate."""
+        s = t.signals
+        for cell in t.eligible("rollout", "satellite"):
+            demand, cap = s.rollout_demand, t.capacity()
+            if t.moves >= self.max_moves_per_tick or t.count("rollout") <= want_r:
                 break
-            n_train = count("train")
+            n_train = t.count("train")
             surplus = cap - cell.capacity >= demand + self.hysteresis_slots
             if surplus:
                 saved = min(self.rollout_idle_s(s, n_train), self.train_work_s(s, n_train))
                 kind = f"surplus: capacity {cap} exceeds demand {demand} by ≥ {cell.capacity + self.hysteresis_slots}"
-            elif train_work:
+            elif t.train_work:
                 saved, kind = self.train_work_s(s, n_train), "rebalance toward training"
             else:
                 continue
-            if saved > self.gate_margin * cost:
-                move(cell, "train", (
-                    f"{kind}, target {want_r} rollout cells; expected idle saved {saved:.0f}s > switch cost {cost:.0f}s"
+            if saved > self.gate_margin * t.cost:
+                t.move(cell, "train", (
+                    f"{kind}, target {want_r} rollout cells; expected idle saved {saved:.0f}s > switch cost "
+                    f"{t.cost:.0f}s"
                 ))
-        return Decision(target, reasons)
+
+
+@dataclass
+class Tick:
+    """One decision in progress: the roles it has set so far, why, and the moves it has made."""
+
+    policy: ElasticPolicy
+    signals: Signals
+    target: dict[str, CellRole]
+    reasons: dict[str, str]
+    movable: list[str]
+    cells: dict[str, CellState]
+    live: list[CellState]
+    train_work: bool
+    """Training has work: a step runs or a full batch waits."""
+    stale: bool
+    """A full batch waits and its oldest trajectory lags more than the staleness bound."""
+    cost: float
+    """The switch cost a move must beat (× 2 with ``round_trip``)."""
+    moves: int = 0
+
+    @classmethod
+    def start(cls, policy: ElasticPolicy, s: Signals, assignment: Assignment) -> Tick:
+        target, reasons, movable = start_decision(s, assignment)
+        return cls(policy, s, target, reasons, list(movable), {c.cell_id: c for c in s.cells},
+                   [c for c in s.cells if not c.lost],
+                   train_work=s.train_active or s.backlog_executions >= s.batch_size,
+                   stale=s.backlog_executions >= s.batch_size and s.staleness_max > policy.staleness_bound,
+                   cost=policy.switch_cost(s))
+
+    def count(self, role: CellRole) -> int:
+        """Live cells the decision has in ``role`` so far."""
+        return sum(1 for c in self.live if self.target[c.cell_id] == role)
+
+    def capacity(self) -> int:
+        """Rollout slots of the live cells the decision has in rollout so far."""
+        return sum(c.capacity for c in self.live if self.target[c.cell_id] == "rollout")
+
+    def eligible(self, role: CellRole, prefer: str) -> list[CellState]:
+        """Cells in ``role`` that may move now (dwell passed, not moved this tick, not a pinned core cell),
+        the ``prefer`` tier first, then the longest in their role."""
+        p = self.policy
+        pool = [
+            self.cells[cid]
+            for cid in self.movable
+            if self.target[cid] == role and self.signals.at_s - self.cells[cid].role_since_s >= p.min_dwell_s
+            and cid not in self.reasons and not (p.pin_core and role == "train" and self.cells[cid].tier == "core")
+        ]
+        pool.sort(key=lambda c: (c.tier != prefer, c.role_since_s, c.cell_id))
+        return pool
+
+    def move(self, cell: CellState, role: CellRole, why: str) -> None:
+        self.target[cell.cell_id] = role
+        self.reasons[cell.cell_id] = why
+        self.moves += 1
