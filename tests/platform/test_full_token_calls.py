@@ -109,26 +109,14 @@ def _siblings(w: ExecutionWriter, at: str, older: list[int], newer: list[int]) -
 
 
 @pytest.mark.parametrize("segment", [0, 1])
-def test_identical_sibling_inputs_place_the_call_under_the_branch_it_continues(store: Store, segment: int) -> None:
-    """Both branches append [40, 41]; the call continues the older one's output, which a greedy walk
-    (most recent sibling first, no backtracking) misses. In segment 1 the fork is inside a compacted
-    segment."""
+@pytest.mark.parametrize("newer", [[40, 41], [40]], ids=["identical", "prefix"])
+def test_a_sibling_sharing_tokens_does_not_capture_the_call(store: Store, segment: int, newer: list[int]) -> None:
+    """The older branch appends [40, 41]; the newer one the same tokens (``identical``: a greedy walk, most
+    recent sibling first and no backtracking, misses the older branch) or a prefix of them (``prefix``):
+    the call continues the older one's output, the longest match. In segment 1 the fork is inside a
+    compacted segment."""
     w, obs0, obs1 = _compacted()
-    older, _ = _siblings(w, obs1 if segment else obs0, [40, 41], [40, 41])
-    call = _full_call(w, older.output_node_id, [50])
-    node, before, after = _placed(store, w, call)
-    assert str(node["parent_id"]) == older.output_node_id
-    assert node["length"] == 1
-    assert node["call_segment"] == segment
-    assert after - before == 1 + 2, "only the new input token and the output are stored"
-
-
-@pytest.mark.parametrize("segment", [0, 1])
-def test_a_sibling_that_is_a_prefix_of_another_does_not_capture_the_call(store: Store, segment: int) -> None:
-    """The newer branch appends [40], a prefix of the older one's [40, 41]: the longest match is the
-    older branch's output."""
-    w, obs0, obs1 = _compacted()
-    older, _ = _siblings(w, obs1 if segment else obs0, [40, 41], [40])
+    older, _ = _siblings(w, obs1 if segment else obs0, [40, 41], newer)
     call = _full_call(w, older.output_node_id, [50])
     node, before, after = _placed(store, w, call)
     assert str(node["parent_id"]) == older.output_node_id

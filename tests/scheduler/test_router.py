@@ -80,13 +80,19 @@ def aborting(router: Router, partial: list[int], version: int = 0) -> Answer:
     return answer
 
 
-def test_an_aborted_call_continues_elsewhere_from_its_partial_output() -> None:
+def _aborting_pair() -> tuple[Router, FakeCell, FakeCell]:
+    """A router over rollout cell ``a``, whose call is aborted after tokens [5, 6], and idle cell ``b``."""
     router = Router()
     source = FakeCell("a")
     source.generate = FakeCell("a", aborting(router, [5, 6])).generate
     other = FakeCell("b")
     router.add_cell("a", source, 1, "rollout")
     router.add_cell("b", other, 1, "idle")
+    return router, source, other
+
+
+def test_an_aborted_call_continues_elsewhere_from_its_partial_output() -> None:
+    router, _source, other = _aborting_pair()
     done = run(router.generate([7, 8, 9], {"max_new_tokens": 4}))
     assert done["status"] == "ok"
     assert done["cell_id"] == "b"
@@ -118,12 +124,7 @@ def test_a_call_continued_on_newer_weights_keeps_its_start_version_and_says_so()
 
 
 def test_a_call_aborted_after_its_last_token_is_complete() -> None:
-    router = Router()
-    source = FakeCell("a")
-    source.generate = FakeCell("a", aborting(router, [5, 6])).generate
-    other = FakeCell("b")
-    router.add_cell("a", source, 1, "rollout")
-    router.add_cell("b", other, 1, "idle")
+    router, _source, other = _aborting_pair()
     done = run(router.generate([7], {"max_new_tokens": 2}))
     assert done["output_ids"].tolist() == [5, 6]
     assert other.calls == []
