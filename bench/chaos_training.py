@@ -52,8 +52,8 @@ from sapwood.learner.audit import audit_training
 from sapwood.learner.length_bias import length_bias
 from sapwood.platform import runs
 from sapwood.platform.prompts import PromptRow, add_prompts, prompt_progress
+from sapwood.platform.storage.backends import prompt_queue
 from sapwood.platform.storage.learner_reads import policy_history, run_item_states
-from sapwood.platform.storage.prompts_sql import prompt_queue
 from sapwood.platform.store import Store
 
 LEARNER_POINTS = ("learner.after_step", "learner.after_checkpoint", "learner.in_commit")

@@ -10,7 +10,7 @@ import pytest
 
 from sapwood.platform import runs
 from sapwood.platform.prompts import PromptRow, add_prompts
-from sapwood.platform.storage.prompts_sql import prompt_queue
+from sapwood.platform.storage.backends import prompt_queue
 from sapwood.platform.store import Store
 from tests.support.api_client import load_executions, make_client, make_keys
 

@@ -22,10 +22,6 @@ USER_TEXT_KEYWORDS = {"help", "description", "default", "default_factory"}
 KNOWN = {
     # The tables' column types: one metadata for both backends (``with_variant``), used by the migrations.
     "platform/src/sapwood/platform/schema.py",
-    # Embedded demos create their SQLite store file.
-    "demo/src/sapwood/demo/driver.py",
-    "demo/src/sapwood/demo/elastic/driver.py",
-    "demo/src/sapwood/demo/summary.py",
 }
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from sapwood.platform import runs
 from sapwood.platform.prompts import PromptRow, add_prompts, prompt_progress
+from sapwood.platform.storage.backends import prompt_queue
 from sapwood.platform.storage.learner_reads import run_item_states
-from sapwood.platform.storage.prompts_sql import prompt_queue
 from sapwood.platform.store import Store
 
 PROMPTS, SAMPLES = 3, 2

@@ -10,7 +10,7 @@ import pytest
 from sapwood.platform import runs
 from sapwood.platform.errors import UnknownParentError, ValidationError
 from sapwood.platform.prompts import PromptRow, add_prompts, prompt_progress
-from sapwood.platform.storage.prompts_sql import prompt_queue
+from sapwood.platform.storage.backends import prompt_queue
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 

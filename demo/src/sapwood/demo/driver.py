@@ -45,6 +45,7 @@ from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished
+from sapwood.platform.storage.dialects import embedded_url
 from sapwood.platform.store import Store
 from sapwood.rollout.recorder import Recorder
 from sapwood.rollout.torch_engine import LocalTorchEngine
@@ -66,7 +67,7 @@ class _Demo:
         self.eval_run = f"{self.tag}-eval"
         self.out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(tempfile.mkdtemp(prefix="sapwood-demo-"))
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.database_url = cfg.database_url or f"sqlite:///{self.out_dir / 'sapwood.db'}"
+        self.database_url = cfg.database_url or embedded_url(self.out_dir / "sapwood.db")
         self.env = KeyRecallEnv(cfg.task)
         self.reports: list[ExecutionReport] = []
         self.metrics: list[dict[str, float]] = []

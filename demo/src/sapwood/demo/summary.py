@@ -10,6 +10,7 @@ import numpy as np
 from sapwood.demo.config import DemoConfig
 from sapwood.demo.pretrain import PretrainResult
 from sapwood.demo.worker import ExecutionReport
+from sapwood.platform.storage.dialects import backend_of
 
 __all__ = ["RunRecord", "redact", "summarize"]
 
@@ -52,7 +53,7 @@ def summarize(run: RunRecord, stats: dict[str, Any], eval_start: list[ExecutionR
 
     return {
         "seed": cfg.seed,
-        "store": "postgresql" if run.database_url.startswith("postgresql") else "sqlite",
+        "store": backend_of(run.database_url),
         "transport": "kafka" if cfg.kafka_bootstrap else "in-process",
         "aggregation": cfg.aggregation,
         "backend": cfg.backend,

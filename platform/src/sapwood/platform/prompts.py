@@ -22,7 +22,8 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.runs import check_storable_json, get_run
-from sapwood.platform.storage.prompts_sql import ClaimedSample, PromptRow, prompt_queue
+from sapwood.platform.storage.backends import prompt_queue
+from sapwood.platform.storage.prompts_sql import ClaimedSample, PromptRow
 
 __all__ = ["ClaimedSample", "PromptRow", "add_prompts", "all_prompt_progress", "claim_prompts", "prompt_progress",
            "read_dataset", "row_to_prompt"]

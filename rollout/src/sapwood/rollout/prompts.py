@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sapwood.platform.errors import SapwoodError
 from sapwood.platform.faults import fault_point
 from sapwood.platform.prompts import ClaimedSample, claim_prompts
-from sapwood.platform.storage.prompts_sql import prompt_queue
+from sapwood.platform.storage.backends import prompt_queue
 from sapwood.platform.store import Store
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.prompts import PromptRow, add_prompts, row_to_prompt
-from sapwood.platform.storage.prompts_sql import prompt_queue
+from sapwood.platform.storage.backends import prompt_queue
 
 __all__ = ["VERL_COLUMNS", "export_verl_parquet", "import_verl_parquet", "verl_record_to_prompt"]
 

@@ -38,6 +38,7 @@ from sapwood.learner.model import TinyActorCritic, TorchBackend
 from sapwood.learner.trainer import SAOTrainer
 from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished
+from sapwood.platform.storage.dialects import embedded_url
 from sapwood.platform.store import Store
 from sapwood.rollout.recorder import Recorder
 from sapwood.rollout.torch_engine import LocalTorchEngine
@@ -130,7 +131,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     model_cfg = dcfg.model_config()
     tag = f"elastic-{schedule}-s{cfg.seed}-{uuid.uuid4().hex[:6]}"
     rollout_run, train_run = tag, f"{tag}-learn"
-    url = f"sqlite:///{out_dir / f'{schedule}.db'}"
+    url = embedded_url(out_dir / f"{schedule}.db")
     store = Store.open(url)
     ckpt = out_dir / f"checkpoints-{schedule}"
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -275,7 +276,7 @@ def store_check(rt: ElasticRuntime, outcomes: list[ExecutionOutcome]) -> dict[st
 
 def _eval(cfg: ElasticDemoConfig, state: dict[str, torch.Tensor], version: int, phase: str, out_dir: Path) -> float:
     dcfg = cfg.demo_config()
-    store = Store.open(f"sqlite:///{out_dir / 'eval.db'}")
+    store = Store.open(embedded_url(out_dir / "eval.db"))
     try:
         rec = Recorder(InProcessTransport(store, batch_size=256), run_id=f"eval-{phase}", engine="local-torch",
                        vocab_size=dcfg.model_config().vocab_size, task_family="key-recall")

@@ -8,6 +8,7 @@ the implementations, so no interface module depends on a dialect's.
   writes through);
 - :func:`tree_reader` — :class:`~.trees.TreeReader`;
 - :func:`run_queue` — :class:`~.runs.RunQueue`;
+- :func:`prompt_queue` — :class:`~.prompts_sql.PromptQueue` (over the dialect's run queue);
 - :func:`offset_store` — :class:`~.offsets.OffsetStore`;
 - :func:`api_key_store` — :class:`~.api_keys.ApiKeyStore`;
 - :func:`transactions` — :class:`~.transactions.Transactions`;
@@ -34,7 +35,9 @@ from sapwood.platform.storage.postgres.runs import PostgresRunQueue
 from sapwood.platform.storage.postgres.transactions import PostgresTransactions
 from sapwood.platform.storage.postgres.trees import PostgresTreeReader
 from sapwood.platform.storage.postgres.version_channel import PostgresVersionChannel
+from sapwood.platform.storage.prompts_sql import PromptQueue
 from sapwood.platform.storage.runs import RunQueue
+from sapwood.platform.storage.runs_sql import SqlRunQueue
 from sapwood.platform.storage.sqlite.api_keys import SQLiteApiKeyStore
 from sapwood.platform.storage.sqlite.applier import SqliteApplier
 from sapwood.platform.storage.sqlite.offsets import SqliteOffsetStore
@@ -64,6 +67,11 @@ def tree_reader(dialect: Dialect) -> TreeReader:
 def run_queue(dialect: Dialect) -> RunQueue:
     """The run queue for ``dialect`` (claims ask for it on every batch)."""
     return _run_queue(dialect_name(dialect))
+
+
+def prompt_queue(dialect: Dialect) -> PromptQueue:
+    """The prompt queue for ``dialect`` (its leases use the dialect's run-queue row locks)."""
+    return _prompt_queue(dialect_name(dialect))
 
 
 def offset_store(dialect: Dialect) -> OffsetStore:
@@ -101,9 +109,16 @@ def _run_queue(name: str) -> RunQueue:
 
 
 @functools.cache
+def _prompt_queue(name: str) -> PromptQueue:
+    runs = _run_queue(name)
+    assert isinstance(runs, SqlRunQueue)
+    return PromptQueue(runs)
+
+
+@functools.cache
 def _offset_store(name: str) -> OffsetStore:
     return for_dialect(name, "offset store", sqlite=SqliteOffsetStore, postgresql=PostgresOffsetStore)
 
 
-__all__ = ["Dialect", "api_key_store", "event_applier", "offset_store", "run_queue", "transactions", "tree_reader",
-           "version_channel"]
+__all__ = ["Dialect", "api_key_store", "event_applier", "offset_store", "prompt_queue", "run_queue", "transactions",
+           "tree_reader", "version_channel"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from os import PathLike
+from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 
 T = TypeVar("T")
 
@@ -24,3 +26,13 @@ def for_dialect(dialect: str | Engine | Connection, what: str, *, sqlite: Callab
     if name == "sqlite":
         return sqlite()
     raise ValueError(f"no {what} for dialect {name!r}; expected 'sqlite' or 'postgresql'")
+
+
+def embedded_url(path: str | PathLike[str]) -> str:
+    """The database URL of the embedded store file at ``path`` (created on first open)."""
+    return f"sqlite:///{Path(path)}"
+
+
+def backend_of(url: str) -> str:
+    """The backend a database URL names (``"sqlite"``, ``"postgresql"``, …), without its driver."""
+    return make_url(url).get_backend_name()

@@ -15,7 +15,6 @@ Portable SQL; the row locks come from the dialect's run queue. Callers own the t
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from sapwood.platform.events.base import FINISH_STATUSES
 from sapwood.platform.storage.leases import LeaseQueue
 from sapwood.platform.storage.runs_sql import SqlRunQueue, replay_order_key
 
-__all__ = ["ClaimedSample", "PromptQueue", "PromptRow", "prompt_queue"]
+__all__ = ["ClaimedSample", "PromptQueue", "PromptRow"]
 
 _ps = t.prompt_samples.c
 _pa = t.prompt_attempts.c
@@ -202,17 +201,3 @@ class PromptQueue:
         rows = conn.execute(sa.select(_pa.execution_id, _pa.sample_id, _pa.worker, _pa.started_at, _pa.state)
                             .where(_pa.run_id == run_id).order_by(_pa.started_at))
         return [dict(r._mapping) for r in rows]
-
-
-def prompt_queue(conn: Connection) -> PromptQueue:
-    """The prompt queue for ``conn``'s dialect."""
-    from sapwood.platform.storage.backends import run_queue
-
-    runs = run_queue(conn)
-    assert isinstance(runs, SqlRunQueue)
-    return _prompt_queue(runs)
-
-
-@functools.cache
-def _prompt_queue(runs: SqlRunQueue) -> PromptQueue:
-    return PromptQueue(runs)
