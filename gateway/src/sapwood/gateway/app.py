@@ -105,6 +105,9 @@ class GatewayConfig:
     durable_timeout_s: float = 30.0
     #: Upstreams tried per call (5xx or connection error before any byte reached the client).
     max_attempts: int = 2
+    #: Seconds shutdown waits for the recorder to hand every queued event on; past it, shutdown fails
+    #: loudly with the count of undelivered events (never a silent drop, never a hang).
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.ack not in ACK_MODES:
@@ -269,7 +272,8 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         expiry = asyncio.create_task(_expiry_loop())
         yield
         expiry.cancel()
-        await asyncio.to_thread(gw.recorder.close)  # every queued event reaches the transport
+        # every queued event reaches the transport, or shutdown fails naming how many did not
+        await asyncio.to_thread(gw.recorder.close, config.drain_timeout_s)
         if client is None:
             await http.aclose()
 
