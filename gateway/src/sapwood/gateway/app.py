@@ -26,11 +26,12 @@ from typing import Any, Literal
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sapwood.gateway import openai_format, sglang_format
+from sapwood.gateway.ingest_lag import LagGuard, LagReader
 from sapwood.gateway.openai_format import MalformedAnswerError, RecordedChoice
-from sapwood.gateway.recording import ACK_MODES, BackgroundRecorder
+from sapwood.gateway.recording import ACK_MODES, Admission, BackgroundRecorder
 from sapwood.gateway.sessions import Session, SessionError, SessionRef, SessionTable, resolve
 from sapwood.gateway.sglang_format import GenerateGather
 from sapwood.gateway.streaming import StreamGather, parse_sse_data
@@ -108,6 +109,14 @@ class GatewayConfig:
     #: Seconds shutdown waits for the recorder to hand every queued event on; past it, shutdown fails
     #: loudly with the count of undelivered events (never a silent drop, never a hang).
     drain_timeout_s: float = 30.0
+    #: Seconds the recorder waits for the transport to acknowledge a batch before it counts the transport
+    #: as unavailable (calls get 429 or pass unrecorded) and retries.
+    transport_timeout_s: float = 5.0
+    #: Records the ingest consumer group may be behind the events topic; past it, calls get 429 (or pass
+    #: unrecorded with ``fail_open``). None: not watched.
+    max_ingest_lag: int | None = None
+    #: Seconds between two ingest-lag readings.
+    lag_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.ack not in ACK_MODES:
@@ -125,11 +134,11 @@ class GatewayConfig:
 class Gateway:
     """Sessions, their executions and the recording of calls (thread-safe; recording runs off the loop)."""
 
-    def __init__(self, config: GatewayConfig, transport: Transport) -> None:
+    def __init__(self, config: GatewayConfig, transport: Transport, ingest_lag: LagReader | None = None) -> None:
         self.config = config
         self.recorder = BackgroundRecorder(
             transport, batch_size=config.batch_size, max_pending=config.max_pending,
-            track_acks=config.ack == "durable",
+            flush_timeout_s=config.transport_timeout_s, track_acks=config.ack == "durable",
         )
         self.transport: Transport = self.recorder
         self.sessions = SessionTable(config.idle_timeout_s)
@@ -163,6 +172,23 @@ class Gateway:
             "sapwood_gateway_ack_lag_seconds", "event queued -> delivered by the transport (async risk window)",
             registry=self.registry, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
         )
+        self.ingest_lag = Gauge(
+            "sapwood_gateway_ingest_lag", "records the ingest consumer group is behind the events topic",
+            registry=self.registry,
+        )
+        self.lag_guard: LagGuard | None = None
+        if config.max_ingest_lag is not None:
+            if ingest_lag is None:
+                raise ValueError("max_ingest_lag needs an ingest lag reader (Kafka: --bootstrap)")
+            self.lag_guard = LagGuard(ingest_lag, config.max_ingest_lag, interval_s=config.lag_interval_s,
+                                      on_reading=self.ingest_lag.set)
+
+    def admit(self) -> Admission:
+        """Whether a call may be recorded now: not while ingest lags past the limit, nor while the
+        recorder refuses (transport down, backlog full); an admitted call must be released."""
+        if self.lag_guard is not None and self.lag_guard.over:
+            return Admission(False, "ingest_lag")
+        return self.recorder.admit()
 
     def _recorder(self, run_id: str) -> Recorder:
         rec = self._recorders.get(run_id)
@@ -251,12 +277,14 @@ class NotAcknowledged(Exception):
         self.status = status
 
 
-def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.AsyncClient | None = None) -> FastAPI:
-    """The gateway as an ASGI app; ``client`` (tests) replaces the upstream HTTP client.
+def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.AsyncClient | None = None,
+               ingest_lag: LagReader | None = None) -> FastAPI:
+    """The gateway as an ASGI app; ``client`` (tests) replaces the upstream HTTP client; ``ingest_lag``
+    reads the ingest's lag in records (needed with ``config.max_ingest_lag``).
 
     The gateway owns a background recorder in front of ``transport``; app shutdown drains it into
     ``transport`` (which stays open: the caller closes it)."""
-    gw = Gateway(config, transport)
+    gw = Gateway(config, transport, ingest_lag)
     gw.recorder.lag_observer = gw.ack_lag.observe
     http = client or httpx.AsyncClient(timeout=httpx.Timeout(config.upstream_timeout_s))
     retry_after = {"Retry-After": str(config.retry_after_s)}
@@ -270,8 +298,12 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         expiry = asyncio.create_task(_expiry_loop())
+        if gw.lag_guard is not None:
+            gw.lag_guard.start()
         yield
         expiry.cancel()
+        if gw.lag_guard is not None:
+            await asyncio.to_thread(gw.lag_guard.close)
         # every queued event reaches the transport, or shutdown fails naming how many did not
         await asyncio.to_thread(gw.recorder.close, config.drain_timeout_s)
         if client is None:
@@ -330,7 +362,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             up_body = upstream_body(route, body)
         except ValueError as exc:
             return _error(400, f"bad request body: {exc}", "invalid_request_error")
-        admission = gw.recorder.admit()
+        admission = gw.admit()
         if not admission.ok:
             if not config.fail_open:
                 gw.refused.labels(admission.reason).inc()
@@ -491,6 +523,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             "upstreams": config.upstreams,
             "ack": config.ack,
             "recorder_backlog": gw.recorder.backlog,
+            "ingest_lag": None if gw.lag_guard is None else gw.lag_guard.lag,
         }
 
     @app.get("/metrics")
