@@ -268,3 +268,14 @@ def test_client_that_disconnects_mid_stream_records_the_partial_output_as_abort(
     assert logprobs.tolist() == lps[:2]
     transport.close()
     store.close()
+
+
+def test_stripping_leaves_the_upstream_answer_untouched() -> None:
+    from sapwood.gateway.openai_format import client_answer
+
+    answer = {"prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": [3], "prompt_token_ids": [1, 2],
+                                                       "logprobs": {"token_logprobs": [-0.5]}}]}
+    before = json.dumps(answer, sort_keys=True)
+    out = client_answer("completions", {"prompt": [1, 2]}, answer)
+    assert out == {"choices": [{"index": 0, "logprobs": None}]}
+    assert json.dumps(answer, sort_keys=True) == before, "the recorded answer must not change"

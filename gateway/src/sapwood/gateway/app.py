@@ -222,9 +222,14 @@ class Gateway:
             version = int(ref.labels.get("policy_version", "0") or 0)
             for c in choices:
                 placement = session.tree.add(c.prompt_ids, c.output_ids)
+                # a next call continues the last call's output node: name it, instead of the recorder's
+                # search of the whole execution tree for the longest prefix (O(calls) per call)
+                after = session.call_nodes[placement.parent] if placement.kind == "next" else None
                 call = ex.call(
-                    c.prompt_ids, c.output_ids, c.logprobs, policy_version=version, finish_reason=c.finish_reason
+                    c.prompt_ids, c.output_ids, c.logprobs, policy_version=version, finish_reason=c.finish_reason,
+                    after=after,
                 )
+                session.call_nodes.append(call.output_node_id)
                 self.placements.labels(placement.kind).inc()
                 kinds.append((placement.kind, call))
         return kinds
@@ -400,7 +405,9 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             return _error(502, f"malformed upstream answer from {url}: {exc}", "upstream_error")
         headers: dict[str, str] = {}
         if recording:
-            kinds = await asyncio.to_thread(gw.record, ref, choices)
+            # on the loop: recording is short pure-Python work (it would hold the GIL in a worker thread too),
+            # and the hop to a worker thread cost more than the work (bench_gateway --only cpu)
+            kinds = gw.record(ref, choices)
             try:
                 await _await_acks(kinds)
             except NotAcknowledged as exc:
@@ -455,7 +462,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
                         continue
                     if line.strip() == "data: [DONE]" and recording and not recorded:
                         recorded = True  # record (durable: and wait for the ack) before the client sees [DONE]
-                        kinds = await asyncio.to_thread(_record_gathered, ref, route, body, gather, False)
+                        kinds = _record_gathered(ref, route, body, gather, False)
                         try:
                             await _await_acks(kinds)
                         except NotAcknowledged as exc:
@@ -465,7 +472,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
                     yield line + "\n"
                 if recording and not recorded:  # a stream that ended without [DONE]
                     recorded = True
-                    await asyncio.to_thread(_record_gathered, ref, route, body, gather, False)
+                    _record_gathered(ref, route, body, gather, False)
             finally:
                 await upstream.aclose()
                 if recording and not recorded:  # client gone or upstream died: what arrived, as "abort"

@@ -64,6 +64,8 @@ class Session:
     labels: dict[str, str]
     last_seen: float
     tree: SessionTree = field(default_factory=SessionTree)
+    #: Output node id of each recorded call, in the tree's order (a ``next`` call is recorded below it).
+    call_nodes: list[str] = field(default_factory=list)
     status: str | None = None
 
 
