@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,7 @@ def main() -> None:
         asyncio.run(_cpu(max(args.calls, 100)))
     if "bytes" in only:
         asyncio.run(_bytes(50))
+        asyncio.run(_bytes_wide_ids(50))
     if "memory" in only:
         asyncio.run(_memory(200, 10))
     if "kill9" in only:
@@ -138,12 +142,13 @@ async def _cpu(calls: int) -> None:
     print(f"{'added':>8} {_pct(g, 50) - _pct(d, 50):>8.2f} {_pct(g, 99) - _pct(d, 99):>8.2f} {gc - dc:>12.2f}")
 
 
-async def _bytes(turns: int) -> None:
-    """A 50-turn chat: each turn adds a user message (about 60 tokens) and gets 32 output tokens."""
+@contextlib.asynccontextmanager
+async def _sized_gateway(stored: list[int]) -> AsyncIterator[tuple[httpx.AsyncClient, list[int]]]:
+    """A gateway recording into a fresh SQLite store; yields (client, encoded bytes of each event);
+    on exit appends the store's growth after ``VACUUM`` (bytes) to ``stored``."""
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bytes.db"
-        store = Store.open(f"sqlite:///{db}")
-        store.close()
+        Store.open(f"sqlite:///{db}").close()
         empty = db.stat().st_size
         store = Store.open(f"sqlite:///{db}")
         wire: list[int] = []
@@ -151,31 +156,60 @@ async def _bytes(turns: int) -> None:
         sink = MemoryTransport(on_delivery=lambda e, _err: wire.append(len(encode(e))))
         app = create_app(GatewayConfig(upstreams=["http://stub"], run_id="bytes", ack="async"),
                          _Tee(inner, sink), client=_asgi(stub_app(), "http://stub"))
-        naive: list[int] = []
         async with app.router.lifespan_context(app):
-            gateway = _asgi(app, "http://gw")
-            messages: list[dict[str, str]] = [{"role": "system", "content": "You are a careful coding agent."}]
-            for k in range(turns):
-                messages.append({"role": "user", "content": f"step {k}: run the tests and tell me what failed, "
-                                 "then propose the smallest fix"})
-                body = {"model": "tiny", "messages": messages, "max_tokens": 32, "logprobs": True,
-                        "return_token_ids": True}
-                answer = (await gateway.post("/s/chat/v1/chat/completions", json=body)).raise_for_status().json()
-                choice = answer["choices"][0]
-                naive.append(len(json.dumps({
-                    "messages": messages, "prompt_token_ids": answer["prompt_token_ids"],
-                    "output_token_ids": choice["token_ids"], "text": choice["message"]["content"],
-                    "logprobs": [c["logprob"] for c in choice["logprobs"]["content"]],
-                }).encode()))
-                messages.append(choice["message"])
-            await gateway.post("/v1/sessions/chat/finish", json={"status": "success", "reward": 1.0})
+            yield _asgi(app, "http://gw"), wire
         inner.close()
         with store.transaction() as conn:
             conn.exec_driver_sql("VACUUM")
         store.close()
-        stored = db.stat().st_size - empty
+        stored.append(db.stat().st_size - empty)
+
+
+async def _bytes(turns: int) -> None:
+    """A 50-turn chat: each turn adds a user message (about 60 tokens) and gets 32 output tokens."""
+    naive: list[int] = []
+    stored: list[int] = []
+    async with _sized_gateway(stored) as (gateway, wire):
+        messages: list[dict[str, str]] = [{"role": "system", "content": "You are a careful coding agent."}]
+        for k in range(turns):
+            messages.append({"role": "user", "content": f"step {k}: run the tests and tell me what failed, "
+                             "then propose the smallest fix"})
+            body = {"model": "tiny", "messages": messages, "max_tokens": 32, "logprobs": True,
+                    "return_token_ids": True}
+            answer = (await gateway.post("/s/chat/v1/chat/completions", json=body)).raise_for_status().json()
+            choice = answer["choices"][0]
+            naive.append(len(json.dumps({
+                "messages": messages, "prompt_token_ids": answer["prompt_token_ids"],
+                "output_token_ids": choice["token_ids"], "text": choice["message"]["content"],
+                "logprobs": [c["logprob"] for c in choice["logprobs"]["content"]],
+            }).encode()))
+            messages.append(choice["message"])
+        await gateway.post("/v1/sessions/chat/finish", json={"status": "success", "reward": 1.0})
+    _print_bytes(f"{turns}-turn chat session (the stand-in's one id per character, ids 1-122)",
+                 len(answer["prompt_token_ids"]), naive, wire, stored[0], turns)
+
+
+async def _bytes_wide_ids(turns: int) -> None:
+    """The same shape by token ids from a 151,936-id vocabulary (Qwen2's): 60 new prompt ids a turn."""
+    rng = random.Random(0)
+    naive: list[int] = []
+    stored: list[int] = []
+    prompt: list[int] = [rng.randrange(151_936) for _ in range(200)]
+    async with _sized_gateway(stored) as (gateway, wire):
+        for _ in range(turns):
+            body = {"prompt": prompt, "max_tokens": 32, "logprobs": 1, "return_token_ids": True}
+            choice = (await gateway.post("/s/ids/v1/completions", json=body)).raise_for_status().json()["choices"][0]
+            naive.append(len(json.dumps({"prompt_token_ids": choice["prompt_token_ids"],
+                                         "output_token_ids": choice["token_ids"],
+                                         "logprobs": choice["logprobs"]["token_logprobs"]}).encode()))
+            prompt = [*choice["prompt_token_ids"], *choice["token_ids"], *(rng.randrange(151_936) for _ in range(60))]
+    _print_bytes(f"{turns}-turn session by token ids (151,936-id vocabulary; naive JSON without text)",
+                 len(choice["prompt_token_ids"]), naive, wire, stored[0], turns)
+
+
+def _print_bytes(what: str, last_prompt: int, naive: list[int], wire: list[int], stored: int, turns: int) -> None:
     per_naive, per_wire, per_db = sum(naive) / turns, sum(wire) / turns, stored / turns
-    print(f"{turns}-turn chat session, bytes per call (last prompt {len(answer['prompt_token_ids'])} tokens):")
+    print(f"{what}, bytes per call (last prompt {last_prompt} tokens):")
     print(f"  naive per-call JSON {per_naive:>10,.0f}")
     print(f"  Sapwood TITO events on the wire {per_wire:>10,.0f}  ({per_naive / per_wire:.1f}x smaller)")
     print(f"  Sapwood SQLite store growth (after VACUUM) {per_db:>10,.0f}  ({per_naive / per_db:.1f}x smaller)")

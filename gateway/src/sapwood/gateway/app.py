@@ -224,7 +224,8 @@ class Gateway:
                 placement = session.tree.add(c.prompt_ids, c.output_ids)
                 # a next call continues the last call's output node: name it, instead of the recorder's
                 # search of the whole execution tree for the longest prefix (O(calls) per call)
-                after = session.call_nodes[placement.parent] if placement.kind == "next" else None
+                after = (session.call_nodes[placement.parent]
+                         if placement.kind == "next" and placement.parent is not None else None)
                 call = ex.call(
                     c.prompt_ids, c.output_ids, c.logprobs, policy_version=version, finish_reason=c.finish_reason,
                     after=after,
