@@ -109,9 +109,9 @@ def test_the_array_comparisons_equal_the_plain_definitions(a: list[int], b: list
 
 
 def test_a_byte_match_across_two_ids_is_not_a_run() -> None:
-    # 256 = 00 01 00.. and 1 = 01 00..: the bytes of [1] occur inside [256] one byte in, never 8-aligned
-    assert not contains_run([256], [1])
-    assert not contains_run([2**8, 0], [1, 0])
+    # 256 = 00 01 00.. and 1 = 01 00..: the bytes of [1, 0] occur in those of [256, 0, 0] one byte in
+    assert not contains_run([256, 0, 0], [1, 0])
+    assert not contains_run([256, 0], [1])
     assert contains_run([2**8, 1, 0], [1, 0])
     assert common_prefix_len([], [1]) == 0
     assert common_prefix_len([5, 6], [5, 6]) == 2

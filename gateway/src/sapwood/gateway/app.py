@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -29,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sapwood.gateway import openai_format, sglang_format
+from sapwood.gateway.drift import DriftCheck, check_drift
 from sapwood.gateway.ingest_lag import LagGuard, LagReader
 from sapwood.gateway.openai_format import MalformedAnswerError, RecordedChoice
 from sapwood.gateway.recording import ACK_MODES, Admission, BackgroundRecorder
@@ -38,6 +40,8 @@ from sapwood.gateway.streaming import StreamGather, parse_sse_data
 from sapwood.platform.events import ExecutionFinished, ModelCall
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
 from sapwood.rollout.transports import Transport
+
+log = logging.getLogger(__name__)
 
 Route = Literal["completions", "chat", "generate"]
 ROUTE_PATHS: dict[Route, str] = {
@@ -146,28 +150,20 @@ class Gateway:
         self._recorders: dict[str, Recorder] = {}
         self._lock = threading.Lock()
         self.registry = CollectorRegistry()
+        def counter(name: str, doc: str, label: str) -> Counter:
+            return Counter(name, doc, [label], registry=self.registry)
+
         self.calls = Counter("sapwood_gateway_calls", "proxied calls", ["endpoint", "outcome"], registry=self.registry)
-        self.placements = Counter(
-            "sapwood_gateway_placements", "tree placement of recorded calls", ["kind"], registry=self.registry
-        )
+        self.placements = counter("sapwood_gateway_placements", "tree placement of recorded calls", "kind")
         self.latency = Histogram(
             "sapwood_gateway_call_seconds", "whole call through the gateway", ["endpoint"], registry=self.registry
         )
-        self.sessions_ended = Counter(
-            "sapwood_gateway_sessions_ended", "sessions ended", ["status"], registry=self.registry
+        self.sessions_ended = counter("sapwood_gateway_sessions_ended", "sessions ended", "status")
+        self.refused = counter("sapwood_gateway_refused_calls", "calls answered 429: recording unavailable", "reason")
+        self.unrecorded = counter(
+            "sapwood_gateway_unrecorded_calls", "calls forwarded without recording (--fail-open)", "reason"
         )
-        self.refused = Counter(
-            "sapwood_gateway_refused_calls", "calls answered 429: recording unavailable", ["reason"],
-            registry=self.registry,
-        )
-        self.unrecorded = Counter(
-            "sapwood_gateway_unrecorded_calls", "calls forwarded without recording (--fail-open)", ["reason"],
-            registry=self.registry,
-        )
-        self.retries = Counter(
-            "sapwood_gateway_upstream_retries", "calls retried on the next upstream", ["reason"],
-            registry=self.registry,
-        )
+        self.retries = counter("sapwood_gateway_upstream_retries", "calls retried on the next upstream", "reason")
         self.ack_lag = Histogram(
             "sapwood_gateway_ack_lag_seconds", "event queued -> delivered by the transport (async risk window)",
             registry=self.registry, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
@@ -175,6 +171,12 @@ class Gateway:
         self.ingest_lag = Gauge(
             "sapwood_gateway_ingest_lag", "records the ingest consumer group is behind the events topic",
             registry=self.registry,
+        )
+        self.drift_checked = counter(
+            "sapwood_gateway_drift_checked", "chat turns checked for retokenization drift", "run"
+        )
+        self.drifted = counter(
+            "sapwood_gateway_drift", "chat turns whose previous output ids did not come back verbatim", "run"
         )
         self.lag_guard: LagGuard | None = None
         if config.max_ingest_lag is not None:
@@ -213,14 +215,28 @@ class Gateway:
             self.executions[session.session_id] = ex
         return ex
 
-    def record(self, ref: SessionRef, choices: list[RecordedChoice]) -> list[tuple[str, ModelCall]]:
-        """Record ``choices`` in the session's execution; returns (placement kind, call event)s."""
+    def record(self, ref: SessionRef, choices: list[RecordedChoice], *, chat: bool = False
+               ) -> list[tuple[str, ModelCall]]:
+        """Record ``choices`` in the session's execution; returns (placement kind, call event)s.
+
+        ``chat``: check each choice's prompt for retokenization drift against the session's last call
+        (counted per run; the first differing position is logged)."""
         kinds: list[tuple[str, ModelCall]] = []
         with self._lock:
             session = self.sessions.touch(ref, time.monotonic())
             ex = self._execution(session)
             version = int(ref.labels.get("policy_version", "0") or 0)
+            run = session.labels.get("run", self.config.run_id)
             for c in choices:
+                if chat and session.tree.contexts:
+                    drift = self._check_drift(session, c.prompt_ids)
+                    if drift.checked:
+                        self.drift_checked.labels(run).inc()
+                        if drift.position is not None:
+                            self.drifted.labels(run).inc()
+                    if drift.position is not None:
+                        log.info("retokenization drift in session %s at prompt position %d",
+                                 session.session_id, drift.position)
                 placement = session.tree.add(c.prompt_ids, c.output_ids)
                 # a next call continues the last call's output node: name it, instead of the recorder's
                 # search of the whole execution tree for the longest prefix (O(calls) per call)
@@ -234,6 +250,11 @@ class Gateway:
                 self.placements.labels(placement.kind).inc()
                 kinds.append((placement.kind, call))
         return kinds
+
+    @staticmethod
+    def _check_drift(session: Session, prompt_ids: Sequence[int]) -> DriftCheck:
+        ctx, out = session.tree.contexts[-1], session.tree.outputs[-1]
+        return check_drift(ctx[: len(ctx) - len(out)], out, prompt_ids)
 
     def finish(
         self, session_id: str, status: str, reward: float | None, partial_score: float | None
@@ -408,7 +429,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         if recording:
             # on the loop: recording is short pure-Python work (it would hold the GIL in a worker thread too),
             # and the hop to a worker thread cost more than the work (bench_gateway --only cpu)
-            kinds = gw.record(ref, choices)
+            kinds = gw.record(ref, choices, chat=route == "chat")
             try:
                 await _await_acks(kinds)
             except NotAcknowledged as exc:
@@ -425,7 +446,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         ref: SessionRef, route: Route, body: dict[str, Any], gather: StreamGather | GenerateGather, aborted: bool
     ) -> list[tuple[str, ModelCall]]:
         try:
-            kinds = gw.record(ref, answer_choices(route, body, gather.answer(aborted=aborted)))
+            kinds = gw.record(ref, answer_choices(route, body, gather.answer(aborted=aborted)), chat=route == "chat")
         except MalformedAnswerError:
             gw.calls.labels(route, "malformed").inc()
             return []
