@@ -279,3 +279,23 @@ def test_stripping_leaves_the_upstream_answer_untouched() -> None:
     out = client_answer("completions", {"prompt": [1, 2]}, answer)
     assert out == {"choices": [{"index": 0, "logprobs": None}]}
     assert json.dumps(answer, sort_keys=True) == before, "the recorded answer must not change"
+
+
+def test_next_calls_are_recorded_below_the_previous_call_and_a_fork_is_placed_by_the_search() -> None:
+    from sapwood.platform.events import ModelCall
+    from sapwood.rollout.transports import MemoryTransport
+
+    transport = MemoryTransport()
+    app = create_app(GatewayConfig(upstreams=["http://stub"], run_id="nodes"), transport,
+                     client=httpx.AsyncClient(transport=httpx.ASGITransport(app=stub_app())))
+    with TestClient(app) as client:
+        prompt = [5, 6, 7]
+        for _ in range(3):  # a chain
+            choice = client.post("/s/n/v1/completions", json={"prompt": prompt, "max_tokens": 2,
+                                                               "return_token_ids": True}).json()["choices"][0]
+            prompt = [*choice["prompt_token_ids"], *choice["token_ids"], 9]
+        client.post("/s/n/v1/completions", json={"prompt": [5, 6, 7, 1], "max_tokens": 2})  # a fork of call 0
+    calls = [e for e in transport.events if isinstance(e, ModelCall)]
+    assert [c.parent for c in calls[1:3]] == [calls[0].output_node_id, calls[1].output_node_id]
+    assert calls[0].parent is None
+    assert calls[3].parent not in {c.output_node_id for c in calls[:3]}, "a fork is placed by the recorder's search"
