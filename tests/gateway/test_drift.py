@@ -38,6 +38,7 @@ def test_edges() -> None:
     assert check_drift([1, 2], [3], [1, 9, 3]) == check_drift([1, 2], [3], [5])  # not the same conversation
     assert not check_drift([1, 2], [3], [1, 9, 3]).checked
     assert not check_drift([1], [], [1, 2]).checked, "nothing was generated: nothing to check"
+    assert not check_drift([1, 2], [3], [1, 2]).checked, "the same prompt again is another sample, not drift"
 
 
 def test_chat_turns_with_the_assistant_text_changed_are_recorded_and_counted_per_run(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ tokenizes it again. When that round trip changes the ids, the next prompt no lon
 previous context (what the model was trained to see is not what it saw). For a chat call whose prompt
 starts with the previous call's prompt (the same conversation, one turn on), the previous output ids
 [n] must follow verbatim; the first position in the new prompt where they do not is the drift. A prompt
-that does not start with the previous prompt (a fork, a compaction) is not checked.
+that does not start with the previous prompt (a fork, a compaction), or is that prompt again (another
+sample from the same state), is not checked.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class DriftCheck:
 def check_drift(prev_prompt: Ids, prev_output: Ids, prompt: Ids) -> DriftCheck:
     """Whether ``prev_output`` follows ``prev_prompt`` verbatim at the start of ``prompt`` (see the module doc)."""
     before, out, now = as_ids(prev_prompt), as_ids(prev_output), as_ids(prompt)
-    if len(out) == 0 or len(now) < len(before) or not np.array_equal(now[: len(before)], before):
+    if len(out) == 0 or len(now) <= len(before) or not np.array_equal(now[: len(before)], before):
         return DriftCheck(False)
     same = common_prefix_len(now[len(before):], out)
     return DriftCheck(True, None if same == len(out) else len(before) + same)
