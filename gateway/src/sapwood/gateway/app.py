@@ -18,8 +18,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,7 +39,7 @@ from sapwood.gateway.recording import ACK_MODES, Admission, BackgroundRecorder
 from sapwood.gateway.sessions import Session, SessionError, SessionRef, SessionTable, resolve
 from sapwood.gateway.sglang_format import GenerateGather
 from sapwood.gateway.streaming import StreamGather, parse_sse_data
-from sapwood.platform.events import ExecutionFinished, ModelCall
+from sapwood.platform.events import ExecutionFinished, ModelCall, PartialScore
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
 from sapwood.rollout.transports import Transport
 
@@ -110,6 +112,8 @@ class GatewayConfig:
     durable_timeout_s: float = 30.0
     #: Upstreams tried per call (5xx or connection error before any byte reached the client).
     max_attempts: int = 2
+    #: Finished sessions whose execution can still get score revisions (the oldest are forgotten).
+    keep_finished: int = 1000
     #: Seconds shutdown waits for the recorder to hand every queued event on; past it, shutdown fails
     #: loudly with the count of undelivered events (never a silent drop, never a hang).
     drain_timeout_s: float = 30.0
@@ -147,6 +151,7 @@ class Gateway:
         self.transport: Transport = self.recorder
         self.sessions = SessionTable(config.idle_timeout_s)
         self.executions: dict[str, ExecutionRecorder] = {}
+        self.finished: OrderedDict[str, ExecutionRecorder] = OrderedDict()
         self._recorders: dict[str, Recorder] = {}
         self._lock = threading.Lock()
         self.registry = CollectorRegistry()
@@ -258,18 +263,38 @@ class Gateway:
 
     def finish(
         self, session_id: str, status: str, reward: float | None, partial_score: float | None
-    ) -> ExecutionFinished:
-        """End a session's execution with ``status`` (and reward / partial score); returns its finish event."""
+    ) -> list[PartialScore | ExecutionFinished]:
+        """End a session's execution with ``status`` (and reward / partial score); returns its events."""
         if status not in FINISH_STATUSES:
             raise ValueError(f"status must be one of {', '.join(FINISH_STATUSES)}, got {status!r}")
         with self._lock:
             self.sessions.finish(session_id, status)
             ex = self.executions.pop(session_id)
+            events: list[PartialScore | ExecutionFinished] = []
             if partial_score is not None:
-                ex.score(partial_score)
-            event = ex.finish(status, reward)
+                events.append(ex.score(partial_score))
+            events.append(ex.finish(status, reward))
+            self._keep_finished(session_id, ex)
             self.sessions_ended.labels(status).inc()
-            return event
+            return events
+
+    def _keep_finished(self, session_id: str, ex: ExecutionRecorder) -> None:
+        """Keep the last ``keep_finished`` finished executions, for score revisions."""
+        self.finished[session_id] = ex
+        while len(self.finished) > self.config.keep_finished:
+            self.finished.popitem(last=False)
+
+    def score(self, session_id: str, score: float, components: dict[str, float] | None, scorer: str,
+              note: str) -> PartialScore:
+        """A partial score (or a revision of it) of an open or recently finished session's execution."""
+        if not isinstance(score, int | float) or isinstance(score, bool) or not math.isfinite(score):
+            raise ValueError(f"score must be a finite number, got {score!r}")
+        with self._lock:
+            ex = self.executions.get(session_id) or self.finished.get(session_id)
+            if ex is None:
+                raise KeyError(f"no open or recently finished session {session_id!r} (the last "
+                               f"{self.config.keep_finished} finished ones can be scored)")
+            return ex.score(float(score), components=components, scorer=scorer, note=note)
 
     def expire_idle(self, now: float) -> list[str]:
         """End every session idle past the timeout as ``timeout``; returns their session ids."""
@@ -279,6 +304,7 @@ class Gateway:
                 ex = self.executions.pop(s.session_id, None)
                 if ex is not None:
                     event = ex.finish("timeout")
+                    self._keep_finished(s.session_id, ex)
                     if self.config.ack == "durable":
                         self.recorder.take_ack(event.event_id)  # nobody waits for it
                 self.sessions_ended.labels("timeout").inc()
@@ -339,7 +365,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     app = FastAPI(title="sapwood gateway", lifespan=lifespan)
     app.state.gateway = gw
 
-    async def _await_acks(kinds: Sequence[tuple[str, ModelCall | ExecutionFinished]]) -> None:
+    async def _await_acks(kinds: Sequence[tuple[str, ModelCall | ExecutionFinished | PartialScore]]) -> None:
         """Durable mode: return once every call's event is acknowledged; :class:`NotAcknowledged` if not."""
         if config.ack != "durable":
             return
@@ -531,7 +557,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     async def finish(session_id: str, request: Request) -> Response:
         body = await request.json() if await request.body() else {}
         try:
-            event = await asyncio.to_thread(
+            events = await asyncio.to_thread(
                 gw.finish, session_id, body.get("status", "success"), body.get("reward"), body.get("partial_score")
             )
         except KeyError as exc:
@@ -539,10 +565,31 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         except ValueError as exc:
             return _error(400, str(exc), "invalid_request_error")
         try:
-            await _await_acks([("finish", event)])
+            await _await_acks([("finish", e) for e in events])
         except NotAcknowledged as exc:
             return _error(exc.status, str(exc), "recording_error", retry_after)
-        return JSONResponse({"session_id": session_id, "execution_id": event.execution_id})
+        return JSONResponse({"session_id": session_id, "execution_id": events[-1].execution_id})
+
+    @app.post("/v1/sessions/{session_id}/score")
+    async def score(session_id: str, request: Request) -> Response:
+        """A partial score, or its revision (also after finish): ``{"score", "components", "scorer", "note"}``."""
+        body = await request.json() if await request.body() else {}
+        if not isinstance(body, dict) or "score" not in body:
+            return _error(400, 'body must be {"score": number, "components"?, "scorer"?, "note"?}',
+                          "invalid_request_error")
+        try:
+            event = gw.score(session_id, body["score"], body.get("components"), str(body.get("scorer", "default")),
+                             str(body.get("note", "")))
+        except KeyError as exc:
+            return _error(404, str(exc.args[0]), "not_found")
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        try:
+            await _await_acks([("score", event)])
+        except NotAcknowledged as exc:
+            return _error(exc.status, str(exc), "recording_error", retry_after)
+        return JSONResponse({"session_id": session_id, "execution_id": event.execution_id,
+                             "revision": event.revision})
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sapwood.platform.errors import ValidationError
-from sapwood.platform.events import Event, ExecutionFinished, ModelCall
+from sapwood.platform.events import Event, ExecutionFinished, ModelCall, PartialScore
 from sapwood.rollout.transports import DeliveryError, Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Admission:
 class BackgroundRecorder(Transport):
     """A bounded queue in front of ``inner``, drained by one thread in batches of ``batch_size`` events.
 
-    ``track_acks``: keep a future per model-call and execution-finished event (``--ack=durable``;
+    ``track_acks``: keep a future per model-call, partial-score and execution-finished event (``--ack=durable``;
     see :meth:`take_ack`; each must be taken).
     ``max_pending``: events queued or handed to ``inner`` but not yet delivered, plus calls admitted
     and not yet queued, above which :meth:`admit` refuses. ``inner``'s ``on_delivery`` is chained.
@@ -123,7 +123,7 @@ class BackgroundRecorder(Transport):
             raise TransportError("the gateway's recorder is closed")
         with self._cond:
             self._queue.append(event)
-            if self.track_acks and isinstance(event, ModelCall | ExecutionFinished):
+            if self.track_acks and isinstance(event, ModelCall | ExecutionFinished | PartialScore):
                 self._waiters[event.event_id] = concurrent.futures.Future()
             self._enqueued_at[event.event_id] = time.monotonic()
             self._undelivered += 1

@@ -97,5 +97,5 @@ class SessionTable:
 
     def expire(self, now: float) -> list[Session]:
         """Close every session idle for at least ``idle_timeout_s`` with status ``timeout``."""
-        idle = [s for s in self.open.values() if now - s.last_seen >= self.idle_timeout_s]
+        idle = [s for s in self.open.values() if now >= s.last_seen + self.idle_timeout_s]
         return [self.finish(s.session_id, "timeout") for s in idle]
