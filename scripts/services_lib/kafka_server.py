@@ -228,11 +228,12 @@ def launch_kafka(kafka: dict[str, Any]) -> int:
     return proc.pid
 
 
-def start_kafka() -> dict[str, Any]:
+def start_kafka(kdir: Path | None = None) -> dict[str, Any]:
+    """Format a fresh broker in ``kdir`` (default ``<services dir>/kafka``), launch it, return its state."""
     libs = kafka_libs_dir()
     if not (libs / ".complete").exists():
         raise ServiceError(f"Kafka jars not in {libs}: run `python scripts/services.py install`")
-    kdir = services_dir() / "kafka"
+    kdir = kdir or services_dir() / "kafka"
     shutil.rmtree(kdir, ignore_errors=True)
     log_dir = kdir / "data"
     log_dir.mkdir(parents=True)

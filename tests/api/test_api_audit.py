@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -141,6 +142,20 @@ def test_decoded_text_with_the_char_tokenizer(pg_store: Store, keys: Keys, write
     with make_client(pg_store, tokenizer="tests.support.api_client:hex_tokenizer") as client:
         a = audit(client, keys, call.event_id)
     assert a["output"]["text"] == " ".join(f"{i:x}" for i in call.output_ids.tolist())
+
+
+def test_decoded_text_with_a_local_tokenizer_json(pg_store: Store, keys: Keys, writers: list[ExecutionWriter],
+                                                  tmp_path: Path) -> None:
+    from sapwood.api.tokenizer import FileTokenizer
+    from tests.support.tiny_tokenizer import write_tiny_tokenizer
+
+    folder = write_tiny_tokenizer(tmp_path / "tok")
+    tok = FileTokenizer(folder / "tokenizer.json")
+    call = calls_of(writers[0])[1]
+    with make_client(pg_store, tokenizer=str(folder)) as client:
+        a = audit(client, keys, call.event_id)
+    assert a["output"]["text"] == tok.decode(call.output_ids.tolist())
+    assert a["input"]["text"] == tok.decode(a["input"]["token_ids"])
 
 
 @pytest.mark.parametrize("spec", ["no.such.module:factory", "json:dumps", "nodots"])

@@ -15,29 +15,11 @@ from sapwood.gateway.app import GatewayConfig, create_app
 from sapwood.platform.codec import decode
 from sapwood.platform.events import Event, ModelCall
 from sapwood.platform.store import Store
-from sapwood.rollout.transports import InProcessTransport, KafkaTransport
+from sapwood.rollout.transports import KafkaTransport
+from tests.support.gateway_transports import HeldTransport, released
 from tests.support.kafka_ingest import create_topic
 from tests.support.live_server import serve_in_thread
 from tests.support.stub_upstream import stub_app
-
-
-class GatedTransport(InProcessTransport):
-    """An embedded store's transport that commits each event (batch of one), but only once ``gate`` is
-    set; ``reached`` is set when the first event arrives; ``log`` gets ``"commit"`` after each model call
-    is committed."""
-
-    def __init__(self, store: Store, log: list[str]) -> None:
-        super().__init__(store, batch_size=1)
-        self.gate = threading.Event()
-        self.reached = threading.Event()
-        self.log = log
-
-    def send(self, event: Event) -> None:
-        self.reached.set()
-        assert self.gate.wait(60), "the test never opened the gate"
-        super().send(event)
-        if isinstance(event, ModelCall):
-            self.log.append("commit")
 
 
 def _stub_client() -> httpx.AsyncClient:
@@ -51,11 +33,13 @@ def _stored_call_ids(store: Store) -> list[str]:
 
 def test_async_answers_before_the_commit_and_stores_every_call_once_at_shutdown(tmp_path: Path) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
-    transport = GatedTransport(store, [])
-    config = GatewayConfig(upstreams=["http://stub"], run_id="ack-async", ack="async", batch_size=8)
+    transport = HeldTransport(store)
+    transport.gate.clear()
+    config = GatewayConfig(upstreams=["http://stub"], run_id="ack-async", ack="async", batch_size=8,
+                           drain_timeout_s=10)
     app = create_app(config, transport, client=_stub_client())
     answered: list[str] = []
-    with TestClient(app) as client:
+    with TestClient(app) as client, released(transport):
         for k in range(20):  # more than one batch, two sessions
             r = client.post(f"/s/a{k % 2}/v1/completions", json={"prompt": [3, 4, k + 5], "max_tokens": 2})
             assert r.status_code == 200, r.text
@@ -76,11 +60,12 @@ def test_async_answers_before_the_commit_and_stores_every_call_once_at_shutdown(
 
 def test_durable_answers_only_after_the_call_is_committed(tmp_path: Path) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
-    log: list[str] = []
-    transport = GatedTransport(store, log)
+    transport = HeldTransport(store)
+    transport.gate.clear()
+    log = transport.log
     answered = threading.Event()
-    config = GatewayConfig(upstreams=["http://stub"], run_id="ack-durable", ack="durable")
-    with serve_in_thread(create_app(config, transport, client=_stub_client())) as url:
+    config = GatewayConfig(upstreams=["http://stub"], run_id="ack-durable", ack="durable", drain_timeout_s=10)
+    with serve_in_thread(create_app(config, transport, client=_stub_client())) as url, released(transport):
         result: dict[str, httpx.Response] = {}
 
         def call() -> None:
@@ -104,9 +89,11 @@ def test_durable_answers_only_after_the_call_is_committed(tmp_path: Path) -> Non
 
 def test_durable_call_not_acknowledged_in_time_is_a_429_and_is_still_stored_once(tmp_path: Path) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
-    transport = GatedTransport(store, [])
-    config = GatewayConfig(upstreams=["http://stub"], run_id="ack-late", ack="durable", durable_timeout_s=0.05)
-    with TestClient(create_app(config, transport, client=_stub_client())) as client:
+    transport = HeldTransport(store)
+    transport.gate.clear()
+    config = GatewayConfig(upstreams=["http://stub"], run_id="ack-late", ack="durable", durable_timeout_s=0.05,
+                           drain_timeout_s=10)
+    with TestClient(create_app(config, transport, client=_stub_client())) as client, released(transport):
         r = client.post("/s/late/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
         assert r.status_code == 429
         assert r.headers["retry-after"] == "1"

@@ -268,3 +268,68 @@ def test_client_that_disconnects_mid_stream_records_the_partial_output_as_abort(
     assert logprobs.tolist() == lps[:2]
     transport.close()
     store.close()
+
+
+def test_stripping_leaves_the_upstream_answer_untouched() -> None:
+    from sapwood.gateway.openai_format import client_answer
+
+    answer = {"prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": [3], "prompt_token_ids": [1, 2],
+                                                       "logprobs": {"token_logprobs": [-0.5]}}]}
+    before = json.dumps(answer, sort_keys=True)
+    out = client_answer("completions", {"prompt": [1, 2]}, answer)
+    assert out == {"choices": [{"index": 0, "logprobs": None}]}
+    assert json.dumps(answer, sort_keys=True) == before, "the recorded answer must not change"
+
+
+def test_next_calls_are_recorded_below_the_previous_call_and_a_fork_is_placed_by_the_search() -> None:
+    from sapwood.platform.events import ModelCall
+    from sapwood.rollout.transports import MemoryTransport
+
+    transport = MemoryTransport()
+    app = create_app(GatewayConfig(upstreams=["http://stub"], run_id="nodes"), transport,
+                     client=httpx.AsyncClient(transport=httpx.ASGITransport(app=stub_app())))
+    with TestClient(app) as client:
+        prompt = [5, 6, 7]
+        for _ in range(3):  # a chain
+            choice = client.post("/s/n/v1/completions", json={"prompt": prompt, "max_tokens": 2,
+                                                               "return_token_ids": True}).json()["choices"][0]
+            prompt = [*choice["prompt_token_ids"], *choice["token_ids"], 9]
+        client.post("/s/n/v1/completions", json={"prompt": [5, 6, 7, 1], "max_tokens": 2})  # a fork of call 0
+    calls = [e for e in transport.events if isinstance(e, ModelCall)]
+    assert [c.parent for c in calls[1:3]] == [calls[0].output_node_id, calls[1].output_node_id]
+    assert calls[0].parent is None
+    assert calls[3].parent not in {c.output_node_id for c in calls[:3]}, "a fork is placed by the recorder's search"
+
+
+def _scores(store: Store) -> list[tuple[int, float, str]]:
+    from sapwood.platform.schema import scores
+
+    with store.transaction() as conn:
+        rows = conn.execute(select(scores.c.revision, scores.c.score, scores.c.scorer).order_by(scores.c.revision))
+        return [(r.revision, r.score, r.scorer) for r in rows]
+
+
+def test_score_revisions_while_open_after_finish_and_after_timeout(rig: Rig) -> None:
+    """Durable rig: each answer comes after its score event is committed, so the store is read at once."""
+    rig.client.post("/s/sc/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
+    first = rig.client.post("/v1/sessions/sc/score", json={"score": 0.25, "scorer": "tests"})
+    assert first.status_code == 200, first.text
+    assert first.json()["revision"] == 0
+    rig.client.post("/v1/sessions/sc/finish", json={"status": "success", "reward": 1.0, "partial_score": 0.5})
+    late = rig.client.post("/v1/sessions/sc/score", json={"score": 0.75, "note": "re-graded"})
+    assert late.json()["revision"] == 2, late.text
+    assert _scores(rig.store) == [(0, 0.25, "tests"), (1, 0.5, "default"), (2, 0.75, "default")]
+    gw = rig.app.state.gateway
+    rig.client.post("/s/idle2/v1/completions", json={"prompt": [3], "max_tokens": 1})
+    gw.expire_idle(gw.sessions.open["idle2"].last_seen + gw.config.idle_timeout_s)
+    assert rig.client.post("/v1/sessions/idle2/score", json={"score": 0.1}).status_code == 200, "timeout: scored later"
+
+
+def test_bad_or_unknown_score_requests_are_refused_clearly(rig: Rig) -> None:
+    missing = rig.client.post("/v1/sessions/nobody/score", json={"score": 1.0})
+    assert missing.status_code == 404
+    assert "nobody" in missing.json()["error"]["message"]
+    rig.client.post("/s/b/v1/completions", json={"prompt": [1], "max_tokens": 1})
+    for body in ({}, {"score": "high"}, {"score": float("nan")}, {"score": True}):
+        r = rig.client.post("/v1/sessions/b/score", content=json.dumps(body))
+        assert r.status_code == 400, (body, r.text)

@@ -51,3 +51,11 @@ def test_finish_closes_and_unknown_sessions_are_named() -> None:
         table.finish("a", "success")
     with pytest.raises(ValueError, match="idle_timeout_s must be > 0"):
         SessionTable(idle_timeout_s=0)
+
+
+def test_the_timeout_boundary_holds_where_the_float_difference_rounds_below_it() -> None:
+    last = 261984.03134488701  # (last + 600.0) - last rounds below 600.0
+    assert (last + 600.0) - last < 600.0
+    table = SessionTable(idle_timeout_s=600.0)
+    table.touch(resolve("/s/a/v1/x", {}), now=last)
+    assert [s.session_id for s in table.expire(now=last + 600.0)] == ["a"]

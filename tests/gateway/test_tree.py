@@ -42,7 +42,7 @@ def test_divergence_from_an_earlier_context_is_a_fork_at_the_divergence(
     assert placed.kind == "fork"
     assert placed.prefix_len == j
     assert placed.parent is not None
-    assert tree.contexts[placed.parent][:j] == new_prompt[:j]
+    assert tree.contexts[placed.parent][:j].tolist() == new_prompt[:j]
 
 
 @given(prompt=ids, out=ids, head=ids)
@@ -84,3 +84,34 @@ def test_contains_run_edges() -> None:
     assert not contains_run([1, 2, 3], [3, 2])
     assert not contains_run([1, 2], [])
     assert not contains_run([1], [1, 1])
+
+
+def _naive_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _naive_contains(h: list[int], n: list[int]) -> bool:
+    return bool(n) and any(h[i : i + len(n)] == n for i in range(len(h) - len(n) + 1))
+
+
+wide = st.lists(st.sampled_from([0, 1, 255, 256, 2**31 - 1, 2**40 + 7, 2**63 - 1]), max_size=12)
+
+
+@given(a=wide, b=wide)
+@settings(max_examples=300)
+def test_the_array_comparisons_equal_the_plain_definitions(a: list[int], b: list[int]) -> None:
+    assert common_prefix_len(a, b) == _naive_prefix(a, b)
+    assert contains_run(a, b) == _naive_contains(a, b)
+    assert contains_run(a + b, b) == bool(b)
+
+
+def test_a_byte_match_across_two_ids_is_not_a_run() -> None:
+    # 256 = 00 01 00.. and 1 = 01 00..: the bytes of [1, 0] occur in those of [256, 0, 0] one byte in
+    assert not contains_run([256, 0, 0], [1, 0])
+    assert not contains_run([256, 0], [1])
+    assert contains_run([2**8, 1, 0], [1, 0])
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([5, 6], [5, 6]) == 2

@@ -17,8 +17,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
+import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,17 +29,21 @@ from typing import Any, Literal
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sapwood.gateway import openai_format, sglang_format
+from sapwood.gateway.drift import DriftCheck, check_drift
+from sapwood.gateway.ingest_lag import LagGuard, LagReader
 from sapwood.gateway.openai_format import MalformedAnswerError, RecordedChoice
-from sapwood.gateway.recording import ACK_MODES, BackgroundRecorder
+from sapwood.gateway.recording import ACK_MODES, Admission, BackgroundRecorder
 from sapwood.gateway.sessions import Session, SessionError, SessionRef, SessionTable, resolve
 from sapwood.gateway.sglang_format import GenerateGather
 from sapwood.gateway.streaming import StreamGather, parse_sse_data
-from sapwood.platform.events import ExecutionFinished, ModelCall
+from sapwood.platform.events import ExecutionFinished, ModelCall, PartialScore
 from sapwood.rollout.recorder import ExecutionRecorder, Recorder
 from sapwood.rollout.transports import Transport
+
+log = logging.getLogger(__name__)
 
 Route = Literal["completions", "chat", "generate"]
 ROUTE_PATHS: dict[Route, str] = {
@@ -105,6 +112,19 @@ class GatewayConfig:
     durable_timeout_s: float = 30.0
     #: Upstreams tried per call (5xx or connection error before any byte reached the client).
     max_attempts: int = 2
+    #: Finished sessions whose execution can still get score revisions (the oldest are forgotten).
+    keep_finished: int = 1000
+    #: Seconds shutdown waits for the recorder to hand every queued event on; past it, shutdown fails
+    #: loudly with the count of undelivered events (never a silent drop, never a hang).
+    drain_timeout_s: float = 30.0
+    #: Seconds the recorder waits for the transport to acknowledge a batch before it counts the transport
+    #: as unavailable (calls get 429 or pass unrecorded) and retries.
+    transport_timeout_s: float = 5.0
+    #: Records the ingest consumer group may be behind the events topic; past it, calls get 429 (or pass
+    #: unrecorded with ``fail_open``). None: not watched.
+    max_ingest_lag: int | None = None
+    #: Seconds between two ingest-lag readings.
+    lag_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.ack not in ACK_MODES:
@@ -122,44 +142,60 @@ class GatewayConfig:
 class Gateway:
     """Sessions, their executions and the recording of calls (thread-safe; recording runs off the loop)."""
 
-    def __init__(self, config: GatewayConfig, transport: Transport) -> None:
+    def __init__(self, config: GatewayConfig, transport: Transport, ingest_lag: LagReader | None = None) -> None:
         self.config = config
         self.recorder = BackgroundRecorder(
             transport, batch_size=config.batch_size, max_pending=config.max_pending,
-            track_acks=config.ack == "durable",
+            flush_timeout_s=config.transport_timeout_s, track_acks=config.ack == "durable",
         )
         self.transport: Transport = self.recorder
         self.sessions = SessionTable(config.idle_timeout_s)
         self.executions: dict[str, ExecutionRecorder] = {}
+        self.finished: OrderedDict[str, ExecutionRecorder] = OrderedDict()
         self._recorders: dict[str, Recorder] = {}
         self._lock = threading.Lock()
         self.registry = CollectorRegistry()
+        def counter(name: str, doc: str, label: str) -> Counter:
+            return Counter(name, doc, [label], registry=self.registry)
+
         self.calls = Counter("sapwood_gateway_calls", "proxied calls", ["endpoint", "outcome"], registry=self.registry)
-        self.placements = Counter(
-            "sapwood_gateway_placements", "tree placement of recorded calls", ["kind"], registry=self.registry
-        )
+        self.placements = counter("sapwood_gateway_placements", "tree placement of recorded calls", "kind")
         self.latency = Histogram(
             "sapwood_gateway_call_seconds", "whole call through the gateway", ["endpoint"], registry=self.registry
         )
-        self.sessions_ended = Counter(
-            "sapwood_gateway_sessions_ended", "sessions ended", ["status"], registry=self.registry
+        self.sessions_ended = counter("sapwood_gateway_sessions_ended", "sessions ended", "status")
+        self.refused = counter("sapwood_gateway_refused_calls", "calls answered 429: recording unavailable", "reason")
+        self.unrecorded = counter(
+            "sapwood_gateway_unrecorded_calls", "calls forwarded without recording (--fail-open)", "reason"
         )
-        self.refused = Counter(
-            "sapwood_gateway_refused_calls", "calls answered 429: recording unavailable", ["reason"],
-            registry=self.registry,
-        )
-        self.unrecorded = Counter(
-            "sapwood_gateway_unrecorded_calls", "calls forwarded without recording (--fail-open)", ["reason"],
-            registry=self.registry,
-        )
-        self.retries = Counter(
-            "sapwood_gateway_upstream_retries", "calls retried on the next upstream", ["reason"],
-            registry=self.registry,
-        )
+        self.retries = counter("sapwood_gateway_upstream_retries", "calls retried on the next upstream", "reason")
         self.ack_lag = Histogram(
             "sapwood_gateway_ack_lag_seconds", "event queued -> delivered by the transport (async risk window)",
             registry=self.registry, buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
         )
+        self.ingest_lag = Gauge(
+            "sapwood_gateway_ingest_lag", "records the ingest consumer group is behind the events topic",
+            registry=self.registry,
+        )
+        self.drift_checked = counter(
+            "sapwood_gateway_drift_checked", "chat turns checked for retokenization drift", "run"
+        )
+        self.drifted = counter(
+            "sapwood_gateway_drift", "chat turns whose previous output ids did not come back verbatim", "run"
+        )
+        self.lag_guard: LagGuard | None = None
+        if config.max_ingest_lag is not None:
+            if ingest_lag is None:
+                raise ValueError("max_ingest_lag needs an ingest lag reader (Kafka: --bootstrap)")
+            self.lag_guard = LagGuard(ingest_lag, config.max_ingest_lag, interval_s=config.lag_interval_s,
+                                      on_reading=self.ingest_lag.set)
+
+    def admit(self) -> Admission:
+        """Whether a call may be recorded now: not while ingest lags past the limit, nor while the
+        recorder refuses (transport down, backlog full); an admitted call must be released."""
+        if self.lag_guard is not None and self.lag_guard.over:
+            return Admission(False, "ingest_lag")
+        return self.recorder.admit()
 
     def _recorder(self, run_id: str) -> Recorder:
         rec = self._recorders.get(run_id)
@@ -184,36 +220,81 @@ class Gateway:
             self.executions[session.session_id] = ex
         return ex
 
-    def record(self, ref: SessionRef, choices: list[RecordedChoice]) -> list[tuple[str, ModelCall]]:
-        """Record ``choices`` in the session's execution; returns (placement kind, call event)s."""
+    def record(self, ref: SessionRef, choices: list[RecordedChoice], *, chat: bool = False
+               ) -> list[tuple[str, ModelCall]]:
+        """Record ``choices`` in the session's execution; returns (placement kind, call event)s.
+
+        ``chat``: check each choice's prompt for retokenization drift against the session's last call
+        (counted per run; the first differing position is logged)."""
         kinds: list[tuple[str, ModelCall]] = []
         with self._lock:
             session = self.sessions.touch(ref, time.monotonic())
             ex = self._execution(session)
             version = int(ref.labels.get("policy_version", "0") or 0)
+            run = session.labels.get("run", self.config.run_id)
             for c in choices:
+                if chat and session.tree.contexts:
+                    drift = self._check_drift(session, c.prompt_ids)
+                    if drift.checked:
+                        self.drift_checked.labels(run).inc()
+                        if drift.position is not None:
+                            self.drifted.labels(run).inc()
+                    if drift.position is not None:
+                        log.info("retokenization drift in session %s at prompt position %d",
+                                 session.session_id, drift.position)
                 placement = session.tree.add(c.prompt_ids, c.output_ids)
+                # a next call continues the last call's output node: name it, instead of the recorder's
+                # search of the whole execution tree for the longest prefix (O(calls) per call)
+                after = (session.call_nodes[placement.parent]
+                         if placement.kind == "next" and placement.parent is not None else None)
                 call = ex.call(
-                    c.prompt_ids, c.output_ids, c.logprobs, policy_version=version, finish_reason=c.finish_reason
+                    c.prompt_ids, c.output_ids, c.logprobs, policy_version=version, finish_reason=c.finish_reason,
+                    after=after,
                 )
+                session.call_nodes.append(call.output_node_id)
                 self.placements.labels(placement.kind).inc()
                 kinds.append((placement.kind, call))
         return kinds
 
+    @staticmethod
+    def _check_drift(session: Session, prompt_ids: Sequence[int]) -> DriftCheck:
+        ctx, out = session.tree.contexts[-1], session.tree.outputs[-1]
+        return check_drift(ctx[: len(ctx) - len(out)], out, prompt_ids)
+
     def finish(
         self, session_id: str, status: str, reward: float | None, partial_score: float | None
-    ) -> ExecutionFinished:
-        """End a session's execution with ``status`` (and reward / partial score); returns its finish event."""
+    ) -> list[PartialScore | ExecutionFinished]:
+        """End a session's execution with ``status`` (and reward / partial score); returns its events."""
         if status not in FINISH_STATUSES:
             raise ValueError(f"status must be one of {', '.join(FINISH_STATUSES)}, got {status!r}")
         with self._lock:
             self.sessions.finish(session_id, status)
             ex = self.executions.pop(session_id)
+            events: list[PartialScore | ExecutionFinished] = []
             if partial_score is not None:
-                ex.score(partial_score)
-            event = ex.finish(status, reward)
+                events.append(ex.score(partial_score))
+            events.append(ex.finish(status, reward))
+            self._keep_finished(session_id, ex)
             self.sessions_ended.labels(status).inc()
-            return event
+            return events
+
+    def _keep_finished(self, session_id: str, ex: ExecutionRecorder) -> None:
+        """Keep the last ``keep_finished`` finished executions, for score revisions."""
+        self.finished[session_id] = ex
+        while len(self.finished) > self.config.keep_finished:
+            self.finished.popitem(last=False)
+
+    def score(self, session_id: str, score: float, components: dict[str, float] | None, scorer: str,
+              note: str) -> PartialScore:
+        """A partial score (or a revision of it) of an open or recently finished session's execution."""
+        if not isinstance(score, int | float) or isinstance(score, bool) or not math.isfinite(score):
+            raise ValueError(f"score must be a finite number, got {score!r}")
+        with self._lock:
+            ex = self.executions.get(session_id) or self.finished.get(session_id)
+            if ex is None:
+                raise KeyError(f"no open or recently finished session {session_id!r} (the last "
+                               f"{self.config.keep_finished} finished ones can be scored)")
+            return ex.score(float(score), components=components, scorer=scorer, note=note)
 
     def expire_idle(self, now: float) -> list[str]:
         """End every session idle past the timeout as ``timeout``; returns their session ids."""
@@ -223,6 +304,7 @@ class Gateway:
                 ex = self.executions.pop(s.session_id, None)
                 if ex is not None:
                     event = ex.finish("timeout")
+                    self._keep_finished(s.session_id, ex)
                     if self.config.ack == "durable":
                         self.recorder.take_ack(event.event_id)  # nobody waits for it
                 self.sessions_ended.labels("timeout").inc()
@@ -248,12 +330,14 @@ class NotAcknowledged(Exception):
         self.status = status
 
 
-def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.AsyncClient | None = None) -> FastAPI:
-    """The gateway as an ASGI app; ``client`` (tests) replaces the upstream HTTP client.
+def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.AsyncClient | None = None,
+               ingest_lag: LagReader | None = None) -> FastAPI:
+    """The gateway as an ASGI app; ``client`` (tests) replaces the upstream HTTP client; ``ingest_lag``
+    reads the ingest's lag in records (needed with ``config.max_ingest_lag``).
 
     The gateway owns a background recorder in front of ``transport``; app shutdown drains it into
     ``transport`` (which stays open: the caller closes it)."""
-    gw = Gateway(config, transport)
+    gw = Gateway(config, transport, ingest_lag)
     gw.recorder.lag_observer = gw.ack_lag.observe
     http = client or httpx.AsyncClient(timeout=httpx.Timeout(config.upstream_timeout_s))
     retry_after = {"Retry-After": str(config.retry_after_s)}
@@ -267,16 +351,21 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         expiry = asyncio.create_task(_expiry_loop())
+        if gw.lag_guard is not None:
+            gw.lag_guard.start()
         yield
         expiry.cancel()
-        await asyncio.to_thread(gw.recorder.close)  # every queued event reaches the transport
+        if gw.lag_guard is not None:
+            await asyncio.to_thread(gw.lag_guard.close)
+        # every queued event reaches the transport, or shutdown fails naming how many did not
+        await asyncio.to_thread(gw.recorder.close, config.drain_timeout_s)
         if client is None:
             await http.aclose()
 
     app = FastAPI(title="sapwood gateway", lifespan=lifespan)
     app.state.gateway = gw
 
-    async def _await_acks(kinds: Sequence[tuple[str, ModelCall | ExecutionFinished]]) -> None:
+    async def _await_acks(kinds: Sequence[tuple[str, ModelCall | ExecutionFinished | PartialScore]]) -> None:
         """Durable mode: return once every call's event is acknowledged; :class:`NotAcknowledged` if not."""
         if config.ack != "durable":
             return
@@ -326,7 +415,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             up_body = upstream_body(route, body)
         except ValueError as exc:
             return _error(400, f"bad request body: {exc}", "invalid_request_error")
-        admission = gw.recorder.admit()
+        admission = gw.admit()
         if not admission.ok:
             if not config.fail_open:
                 gw.refused.labels(admission.reason).inc()
@@ -364,7 +453,9 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             return _error(502, f"malformed upstream answer from {url}: {exc}", "upstream_error")
         headers: dict[str, str] = {}
         if recording:
-            kinds = await asyncio.to_thread(gw.record, ref, choices)
+            # on the loop: recording is short pure-Python work (it would hold the GIL in a worker thread too),
+            # and the hop to a worker thread cost more than the work (bench_gateway --only cpu)
+            kinds = gw.record(ref, choices, chat=route == "chat")
             try:
                 await _await_acks(kinds)
             except NotAcknowledged as exc:
@@ -381,7 +472,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         ref: SessionRef, route: Route, body: dict[str, Any], gather: StreamGather | GenerateGather, aborted: bool
     ) -> list[tuple[str, ModelCall]]:
         try:
-            kinds = gw.record(ref, answer_choices(route, body, gather.answer(aborted=aborted)))
+            kinds = gw.record(ref, answer_choices(route, body, gather.answer(aborted=aborted)), chat=route == "chat")
         except MalformedAnswerError:
             gw.calls.labels(route, "malformed").inc()
             return []
@@ -419,7 +510,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
                         continue
                     if line.strip() == "data: [DONE]" and recording and not recorded:
                         recorded = True  # record (durable: and wait for the ack) before the client sees [DONE]
-                        kinds = await asyncio.to_thread(_record_gathered, ref, route, body, gather, False)
+                        kinds = _record_gathered(ref, route, body, gather, False)
                         try:
                             await _await_acks(kinds)
                         except NotAcknowledged as exc:
@@ -429,7 +520,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
                     yield line + "\n"
                 if recording and not recorded:  # a stream that ended without [DONE]
                     recorded = True
-                    await asyncio.to_thread(_record_gathered, ref, route, body, gather, False)
+                    _record_gathered(ref, route, body, gather, False)
             finally:
                 await upstream.aclose()
                 if recording and not recorded:  # client gone or upstream died: what arrived, as "abort"
@@ -466,7 +557,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     async def finish(session_id: str, request: Request) -> Response:
         body = await request.json() if await request.body() else {}
         try:
-            event = await asyncio.to_thread(
+            events = await asyncio.to_thread(
                 gw.finish, session_id, body.get("status", "success"), body.get("reward"), body.get("partial_score")
             )
         except KeyError as exc:
@@ -474,10 +565,31 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         except ValueError as exc:
             return _error(400, str(exc), "invalid_request_error")
         try:
-            await _await_acks([("finish", event)])
+            await _await_acks([("finish", e) for e in events])
         except NotAcknowledged as exc:
             return _error(exc.status, str(exc), "recording_error", retry_after)
-        return JSONResponse({"session_id": session_id, "execution_id": event.execution_id})
+        return JSONResponse({"session_id": session_id, "execution_id": events[-1].execution_id})
+
+    @app.post("/v1/sessions/{session_id}/score")
+    async def score(session_id: str, request: Request) -> Response:
+        """A partial score, or its revision (also after finish): ``{"score", "components", "scorer", "note"}``."""
+        body = await request.json() if await request.body() else {}
+        if not isinstance(body, dict) or "score" not in body:
+            return _error(400, 'body must be {"score": number, "components"?, "scorer"?, "note"?}',
+                          "invalid_request_error")
+        try:
+            event = gw.score(session_id, body["score"], body.get("components"), str(body.get("scorer", "default")),
+                             str(body.get("note", "")))
+        except KeyError as exc:
+            return _error(404, str(exc.args[0]), "not_found")
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        try:
+            await _await_acks([("score", event)])
+        except NotAcknowledged as exc:
+            return _error(exc.status, str(exc), "recording_error", retry_after)
+        return JSONResponse({"session_id": session_id, "execution_id": event.execution_id,
+                             "revision": event.revision})
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -487,6 +599,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             "upstreams": config.upstreams,
             "ack": config.ack,
             "recorder_backlog": gw.recorder.backlog,
+            "ingest_lag": None if gw.lag_guard is None else gw.lag_guard.lag,
         }
 
     @app.get("/metrics")

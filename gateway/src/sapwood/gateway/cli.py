@@ -43,11 +43,27 @@ def gateway(
     batch_size: Annotated[int, typer.Option(help="events per transaction / flush of the background recorder")] = 256,
     retry_after: Annotated[int, typer.Option(help="seconds in the Retry-After header of a 429")] = 1,
     max_attempts: Annotated[int, typer.Option(help="upstreams tried per call on 5xx / connection errors")] = 2,
+    transport_timeout: Annotated[
+        float, typer.Option(help="seconds a batch may wait for the transport's acknowledgement before calls get 429")
+    ] = 5.0,
+    drain_timeout: Annotated[
+        float, typer.Option(help="seconds shutdown waits for queued events to be delivered (then fails loudly)")
+    ] = 30.0,
+    max_ingest_lag: Annotated[
+        int | None,
+        typer.Option(help="records the ingest consumer group may be behind the topic before calls get 429 "
+                     "(Kafka only; unset: not watched)"),
+    ] = None,
+    ingest_group: Annotated[
+        str | None, typer.Option(envvar="SAPWOOD_INGEST_GROUP", help="the ingest's consumer group (lag is read for it)")
+    ] = None,
+    lag_interval: Annotated[float, typer.Option(help="seconds between two ingest-lag readings")] = 2.0,
 ) -> None:
     """Proxy /v1/completions, /v1/chat/completions and /generate to the upstreams; record every call as TITO events."""
     import uvicorn
 
     from sapwood.gateway.app import GatewayConfig, create_app
+    from sapwood.gateway.ingest_lag import KafkaGroupLag
     from sapwood.platform.settings import Settings
     from sapwood.rollout.transports import make_transport
 
@@ -55,18 +71,25 @@ def gateway(
         config = GatewayConfig(
             upstreams=list(upstream), run_id=run_id, engine=engine, idle_timeout_s=idle_timeout, ack=ack,
             fail_open=fail_open, max_pending=max_pending, batch_size=batch_size, retry_after_s=retry_after,
-            max_attempts=max_attempts,
+            max_attempts=max_attempts, transport_timeout_s=transport_timeout, drain_timeout_s=drain_timeout,
+            max_ingest_lag=max_ingest_lag, lag_interval_s=lag_interval,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     overrides = {k: v for k, v in {"database_url": database_url, "kafka_bootstrap": bootstrap}.items() if v}
     settings = Settings(**overrides)  # type: ignore[arg-type]
+    lag_reader = None
+    if max_ingest_lag is not None:
+        if not settings.kafka_bootstrap:
+            raise typer.BadParameter("--max-ingest-lag watches the ingest's Kafka consumer group: give --bootstrap")
+        group = ingest_group or settings.ingest_group
+        lag_reader = KafkaGroupLag(settings.kafka_bootstrap, settings.kafka_topic, group)
     # embedded: the background recorder commits each of its batches in one transaction
     transport = (
         make_transport(settings) if settings.kafka_bootstrap else make_transport(settings, batch_size=batch_size)
     )
     try:
-        uvicorn.run(create_app(config, transport), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(config, transport, ingest_lag=lag_reader), host=host, port=port, log_level="warning")
     finally:
         transport.close()
 

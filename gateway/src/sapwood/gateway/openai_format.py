@@ -8,7 +8,6 @@ goes back, so the client sees what it would have seen without the gateway.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -88,12 +87,17 @@ def recorded_choices(endpoint: Endpoint, answer: Any) -> list[RecordedChoice]:
 
 def client_answer(endpoint: Endpoint, client_body: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
     """``answer`` without the token ids / log-probs the client's own request did not ask for."""
-    out = copy.deepcopy(answer)
+    # only top-level keys and the choices' own keys change: copy those dicts, share everything below
+    out = dict(answer)
+    if isinstance(answer.get("choices"), list):
+        out["choices"] = [dict(c) if isinstance(c, dict) else c for c in answer["choices"]]
     wants_ids = bool(client_body.get("return_token_ids"))
     wants_lp = bool(client_body.get("logprobs")) if endpoint == "chat" else client_body.get("logprobs") is not None
     if not wants_ids:
         out.pop("prompt_token_ids", None)
     for choice in out.get("choices", []):
+        if not isinstance(choice, dict):
+            continue
         if not wants_ids:
             choice.pop("prompt_token_ids", None)
             choice.pop("token_ids", None)

@@ -10,9 +10,13 @@ Each event's fate is known from the real transport's delivery callback, so
 * ``--ack=durable``: the request waits on :meth:`take_ack` of its call's event.
 
 Back-pressure: :meth:`admit` says whether a new call may be recorded: not while the real transport
-is failing (its last send or flush raised) and not while queued + in-flight work reaches
-``max_pending``. Events that were queued are never dropped: a failing batch is retried every
-``retry_s`` seconds, and :meth:`close` drains the queue before it returns.
+is failing (its last send raised, or its flush raised or did not finish within ``flush_timeout_s``:
+a broker that is down) and not while queued + in-flight work reaches ``max_pending``. Events that
+were queued are never dropped: a failing batch is retried every ``retry_s`` seconds; an event the
+transport gave up on after accepting it (Kafka's delivery timeout) is queued again and sent again
+(ingest stores an event id once, so a resend that had in fact arrived is a counted duplicate);
+only an event the store rejects as invalid is given up (logged and failed). :meth:`close` drains
+the queue before it returns.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sapwood.platform.events import Event, ExecutionFinished, ModelCall
+from sapwood.platform.errors import ValidationError
+from sapwood.platform.events import Event, ExecutionFinished, ModelCall, PartialScore
 from sapwood.rollout.transports import DeliveryError, Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -44,14 +49,14 @@ class Admission:
 class BackgroundRecorder(Transport):
     """A bounded queue in front of ``inner``, drained by one thread in batches of ``batch_size`` events.
 
-    ``track_acks``: keep a future per model-call and execution-finished event (``--ack=durable``;
+    ``track_acks``: keep a future per model-call, partial-score and execution-finished event (``--ack=durable``;
     see :meth:`take_ack`; each must be taken).
     ``max_pending``: events queued or handed to ``inner`` but not yet delivered, plus calls admitted
     and not yet queued, above which :meth:`admit` refuses. ``inner``'s ``on_delivery`` is chained.
     """
 
     def __init__(self, inner: Transport, *, batch_size: int = 256, max_pending: int = 10_000,
-                 retry_s: float = 0.5, track_acks: bool = False) -> None:
+                 retry_s: float = 0.5, flush_timeout_s: float = 5.0, track_acks: bool = False) -> None:
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 event, got {batch_size}")
@@ -62,8 +67,10 @@ class BackgroundRecorder(Transport):
         self.batch_size = batch_size
         self.max_pending = max_pending
         self.retry_s = retry_s
+        self.flush_timeout_s = flush_timeout_s
         self.track_acks = track_acks
         self._queue: deque[Event] = deque()
+        self._redeliver: deque[Event] = deque()  # given up by the transport after it accepted them
         self._cond = threading.Condition()
         self._undelivered = 0  # queued or in inner, fate unknown
         self._admitted = 0  # calls admitted whose events are not queued yet
@@ -76,6 +83,8 @@ class BackgroundRecorder(Transport):
         #: Called with each delivered event's enqueue -> delivery seconds (a metric), on the delivery thread.
         self.lag_observer: Callable[[float], None] | None = None
         self.failed = 0
+        #: Events the transport gave up on after accepting them, queued again (each time counted).
+        self.redelivered = 0
         self._closing = False
         self._user_callback = inner.on_delivery
         inner.on_delivery = self._on_inner_delivery
@@ -114,7 +123,7 @@ class BackgroundRecorder(Transport):
             raise TransportError("the gateway's recorder is closed")
         with self._cond:
             self._queue.append(event)
-            if self.track_acks and isinstance(event, ModelCall | ExecutionFinished):
+            if self.track_acks and isinstance(event, ModelCall | ExecutionFinished | PartialScore):
                 self._waiters[event.event_id] = concurrent.futures.Future()
             self._enqueued_at[event.event_id] = time.monotonic()
             self._undelivered += 1
@@ -128,6 +137,15 @@ class BackgroundRecorder(Transport):
     # -- delivery -------------------------------------------------------------------------------------
     def _on_inner_delivery(self, event: Event, error: BaseException | None) -> None:
         now = time.monotonic()
+        if error is not None and not isinstance(error, ValidationError):
+            with self._cond:  # not stored, not invalid: send it again (first in line), the transport is failing
+                self._redeliver.append(event)
+                self.redelivered += 1
+                self.failing = error
+                self._cond.notify_all()
+            log.warning("gateway event %s %s: the transport gave up on it (%s); sending it again",
+                        event.kind, event.event_id, error)
+            return
         with self._cond:
             self._undelivered -= 1
             t0 = self._enqueued_at.pop(event.event_id, None)
@@ -158,16 +176,19 @@ class BackgroundRecorder(Transport):
         batch: list[Event] = []
         while True:
             with self._cond:
-                while not self._queue and not batch and self.failing is None and not self._closing:
+                while not self._has_work(batch) and self.failing is None and not self._closing:
                     self._cond.wait()
-                if not self._queue and not batch and self.failing is None and self._closing:
+                if not self._has_work(batch) and self.failing is None and self._closing:
                     return
-                while self._queue and len(batch) < self.batch_size:
-                    batch.append(self._queue.popleft())
+                while (self._redeliver or self._queue) and len(batch) < self.batch_size:
+                    batch.append((self._redeliver or self._queue).popleft())
             del batch[: self._hand_on(batch)]
             if batch or not self._flush():
                 with self._cond:  # the transport is failing: wait, then retry what is left (never drop)
                     self._cond.wait(self.retry_s)
+
+    def _has_work(self, batch: list[Event]) -> bool:
+        return bool(self._queue or self._redeliver or batch)
 
     def _hand_on(self, batch: list[Event]) -> int:
         """Send ``batch`` to ``inner`` in order; returns how many were accepted before a failure."""
@@ -187,13 +208,15 @@ class BackgroundRecorder(Transport):
 
     def _flush(self) -> bool:
         try:
-            self.inner.flush()
+            self.inner.flush(self.flush_timeout_s)
         except DeliveryError:
             pass  # rejected events were reported one by one through the delivery callback
         except Exception as exc:
             self._mark_failing(exc)
             return False
         with self._cond:
+            if self._redeliver:  # the transport gave events back: still failing until they are in
+                return False
             self.failing = None
         return True
 
@@ -205,11 +228,13 @@ class BackgroundRecorder(Transport):
 
     # -- waiting and closing --------------------------------------------------------------------------
     def wait_until(self, predicate_name: str, timeout: float) -> bool:
-        """Wait until ``idle`` (nothing undelivered), ``failing`` or ``healthy``; False on timeout."""
+        """Wait until ``idle`` (nothing undelivered), ``failing``, ``healthy`` or ``gave_back`` (the transport
+        gave at least one accepted event back, to be sent again); False on timeout."""
         checks = {
             "idle": lambda: self._undelivered == 0,
             "failing": lambda: self.failing is not None,
             "healthy": lambda: self.failing is None,
+            "gave_back": lambda: self.redelivered > 0,
         }
         with self._cond:
             return self._cond.wait_for(checks[predicate_name], timeout)

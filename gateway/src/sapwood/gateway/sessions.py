@@ -64,6 +64,8 @@ class Session:
     labels: dict[str, str]
     last_seen: float
     tree: SessionTree = field(default_factory=SessionTree)
+    #: Output node id of each recorded call, in the tree's order (a ``next`` call is recorded below it).
+    call_nodes: list[str] = field(default_factory=list)
     status: str | None = None
 
 
@@ -95,5 +97,5 @@ class SessionTable:
 
     def expire(self, now: float) -> list[Session]:
         """Close every session idle for at least ``idle_timeout_s`` with status ``timeout``."""
-        idle = [s for s in self.open.values() if now - s.last_seen >= self.idle_timeout_s]
+        idle = [s for s in self.open.values() if now >= s.last_seen + self.idle_timeout_s]
         return [self.finish(s.session_id, "timeout") for s in idle]
