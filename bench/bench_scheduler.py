@@ -3,7 +3,8 @@
 1. ``paper`` preset (see ``sapwood.scheduler.simulator.workload.PAPER`` for every assumption) and the
    ``paper-fit`` preset (knobs fitted to the source's per-step times): wall time of 48 steps under Elastic,
    Colocate, Async at the best static split (re-tuned per seed) and half/half, over seeds; streaming
-   accumulation as a second row. The source reports 1.85× over Colocate and 1.78× over Async.
+   accumulation for Elastic and Async as a second row (every seed). The source reports 1.85× over
+   Colocate and 1.78× over Async.
 2. Sweeps on the paper preset (16 steps, 2 seeds by default), each without and with streaming accumulation:
    tail heaviness p99/p50 1 … 20, switch cost 1 s … 10 min (join cost following it), training/rollout cost
    ratio, satellite join cost alone, core size 1 … 8; at every point and seed Async is re-tuned to its best
@@ -37,10 +38,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench_decision_latency import latency  # decision latency: its own bench, also run here
-from sapwood.scheduler.simulator import preset, simulate
+from sapwood.scheduler.simulator import preset
 from sapwood.scheduler.simulator.cache import SimCache
 from sapwood.scheduler.simulator.plots import plot_idle, plot_roles, plot_sweep
-from sapwood.scheduler.simulator.sweep import best_static, sweep, train_ratio
+from sapwood.scheduler.simulator.sweep import compare, sweep, train_ratio
 from sapwood.scheduler.simulator.workload import PAPER_FIT_ASYNC_ROLLOUT_CELLS
 
 console = Console(stderr=True)
@@ -52,18 +53,21 @@ def log(msg: str) -> None:
 
 def claim(name: str, seeds: int, out: Path | None, split: int | None = None) -> dict[str, Any]:
     """Elastic vs Colocate, vs the best static split (re-tuned per seed) and vs half/half on one preset;
-    streaming accumulation as a second row (Elastic and the best split with it, seed 0)."""
+    the same with streaming accumulation for Elastic and Async as a second row (every seed)."""
     w = preset(name)
-    per_seed = []
+    ws = w.with_(streaming_accumulation=True)
+    cache = SimCache()
+    per_seed, streamed = [], []
     with Progress(console=console) as progress:
         task = progress.add_task(f"{name} preset", total=seeds)
         for seed in range(seeds):
-            k, static = best_static(w, seed)
-            r = {"elastic": simulate(w, "elastic", seed), "colocate": simulate(w, "colocate", seed),
-                 "async_half": simulate(w, "async", seed), "best_static": static}
+            cmp = compare(w, seed, cache)
+            r = {"elastic": cmp.elastic, "colocate": cmp.colocate, "async_half": cmp.async_half,
+                 "best_static": cmp.best_static}
             if split is not None:
-                r["async_fitted_split"] = simulate(w, "async", seed, rollout_cells=split)
-            per_seed.append((k, r))
+                r["async_fitted_split"] = cache.simulate(w, "async", seed, rollout_cells=split)
+            per_seed.append((cmp.best_static_rollout_cells, r))
+            streamed.append(compare(ws, seed, cache))
             progress.advance(task)
     e = [r["elastic"].wall_s for _, r in per_seed]
 
@@ -71,10 +75,10 @@ def claim(name: str, seeds: int, out: Path | None, split: int | None = None) -> 
         xs = [r[key].wall_s / ew for (_, r), ew in zip(per_seed, e, strict=True)]
         return {"mean": round(statistics.fmean(xs), 4), "per_seed": [round(x, 4) for x in xs]}
 
+    def mean_of(xs: list[float]) -> dict[str, Any]:
+        return {"mean": round(statistics.fmean(xs), 4), "per_seed": [round(x, 4) for x in xs]}
+
     keys = ["colocate", "best_static", "async_half"] + (["async_fitted_split"] if split is not None else [])
-    ws = w.with_(streaming_accumulation=True)
-    k_s, static_s = best_static(ws, 0)
-    elastic_s = simulate(ws, "elastic", 0)
     r0 = per_seed[0][1]
     if out is not None:
         for key in ("elastic", "colocate", "best_static"):
@@ -89,6 +93,8 @@ def claim(name: str, seeds: int, out: Path | None, split: int | None = None) -> 
                       f"{sm['idle_train']:.3f}", str(sm["switches"]),
                       f"{sm['staleness_mean']:.2f}/{sm['staleness_max']}")
     console.print(table)
+    plain_e = [r["elastic"].wall_s for _, r in per_seed]
+    plain_b = [r["best_static"].wall_s for _, r in per_seed]
     return {
         "workload": w.to_json(),
         "seeds": seeds,
@@ -97,15 +103,19 @@ def claim(name: str, seeds: int, out: Path | None, split: int | None = None) -> 
         "wall_h_seed0": {key: round(res.wall_s / 3600, 2) for key, res in r0.items()},
         "per_step_h_seed0": {key: round(res.wall_s / 3600 / w.steps, 3) for key, res in r0.items()},
         "lower_bound_h": round(work_bound_s(w) / 3600, 2),
-        "streaming_seed0": {
-            "elastic_wall_h": round(elastic_s.wall_s / 3600, 2),
-            "best_static_wall_h": round(static_s.wall_s / 3600, 2),
-            "best_static_rollout_cells": k_s,
-            "elastic_vs_best_static": round(static_s.wall_s / elastic_s.wall_s, 4),
-            "elastic_vs_colocate": round(r0["colocate"].wall_s / elastic_s.wall_s, 4),
-            "elastic_gain_from_streaming": round(r0["elastic"].wall_s / elastic_s.wall_s, 4),
-            "best_static_gain_from_streaming": round(r0["best_static"].wall_s / static_s.wall_s, 4),
+        "streaming": {
+            "elastic_vs_best_static": mean_of([c.best_static.wall_s / c.elastic.wall_s for c in streamed]),
+            "elastic_vs_colocate": mean_of([c.colocate.wall_s / c.elastic.wall_s for c in streamed]),
+            "elastic_vs_async_half": mean_of([c.async_half.wall_s / c.elastic.wall_s for c in streamed]),
+            "best_static_rollout_cells_per_seed": [c.best_static_rollout_cells for c in streamed],
+            "elastic_gain_from_streaming": mean_of([p / c.elastic.wall_s for p, c in zip(plain_e, streamed,
+                                                                                           strict=True)]),
+            "best_static_gain_from_streaming": mean_of([p / c.best_static.wall_s for p, c in zip(plain_b, streamed,
+                                                                                                   strict=True)]),
+            "wall_h_seed0": streamed[0].wall_h(),
         },
+        "simulations_run": cache.runs,
+        "simulations_reused": cache.hits,
         "summary_seed0": {key: res.summary() for key, res in r0.items()},
     }
 
