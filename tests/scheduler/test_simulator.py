@@ -127,3 +127,21 @@ def test_simulate_command_takes_the_workload_flags() -> None:
     bad = CliRunner().invoke(app, ["scheduler", "simulate", "--preset", "small", "--batch-rule", "newest"])
     assert bad.exit_code != 0
     assert "batch_rule" in bad.output
+
+
+def test_simulate_command_reports_async_at_its_best_split() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from sapwood.platform.cli import app
+
+    args = ["scheduler", "simulate", "--preset", "small", "--steps", "2", "--policies", "elastic", "--best-split"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    k, static = best_static(SMALL.with_(steps=2), 0)
+    assert out["best_static"]["rollout_cells"] == k
+    assert out["best_static"]["wall_h"] == pytest.approx(static.wall_s / 3600, abs=1e-4)
+    assert out["elastic_vs_best_static"] == pytest.approx(out["best_static"]["wall_h"] / out["results"][0]["wall_h"],
+                                                          rel=1e-3)

@@ -30,6 +30,7 @@ def simulate_cmd(
     core_cells: Annotated[int | None, typer.Option(help="core cells pinned to training")] = None,
     streaming: Annotated[bool | None, typer.Option(help="streaming gradient accumulation")] = None,
     join_cost_s: Annotated[float | None, typer.Option(help="seconds a move into training takes")] = None,
+    best_split: Annotated[bool, typer.Option(help="also run Async at its best static split (all tried)")] = False,
     plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
 ) -> None:
     """Simulate the workload under each policy; print a table and one JSON line (speed-ups over elastic)."""
@@ -37,6 +38,7 @@ def simulate_cmd(
         from sapwood.scheduler.simulator import preset as get_preset
         from sapwood.scheduler.simulator import simulate
         from sapwood.scheduler.simulator.plots import plot_idle, plot_roles
+        from sapwood.scheduler.simulator.sweep import best_static
     except ModuleNotFoundError as exc:
         if exc.name != "simpy":
             raise
@@ -49,6 +51,7 @@ def simulate_cmd(
                      "core_cells": core_cells, "streaming_accumulation": streaming, "join_cost_s": join_cost_s}
         w = w.with_(**{k: v for k, v in overrides.items() if v is not None})
         results = [simulate(w, name.strip(), seed) for name in policies.split(",") if name.strip()]
+        best = best_static(w, seed) if best_split else None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     table = Table(title=f"preset {preset}: {w.cells} cells, batch {w.batch_size}, {w.steps} steps, seed {seed}")
@@ -60,9 +63,17 @@ def simulate_cmd(
             r.policy, f"{s['wall_h']:.2f}", f"{s['idle_rollout']:.3f}", f"{s['idle_train']:.3f}",
             str(s["switches"]), f"{s['switch_cell_h']:.2f}", f"{s['staleness_mean']:.2f}/{s['staleness_max']}",
         )
+    if best is not None:
+        sb = best[1].summary()
+        table.add_row(f"async best split ({best[0]} rollout)", f"{sb['wall_h']:.2f}", f"{sb['idle_rollout']:.3f}",
+                      f"{sb['idle_train']:.3f}", "0", "0.00", f"{sb['staleness_mean']:.2f}/{sb['staleness_max']}")
     console.print(table)
     out: dict[str, object] = {"preset": preset, "workload": w.to_json(), "results": [r.summary() for r in results]}
     by_name = {r.policy: r for r in results}
+    if best is not None:
+        out["best_static"] = {"rollout_cells": best[0], **best[1].summary()}
+        if "elastic" in by_name:
+            out["elastic_vs_best_static"] = round(best[1].wall_s / by_name["elastic"].wall_s, 4)
     if "elastic" in by_name:
         for other in ("colocate", "async"):
             if other in by_name:

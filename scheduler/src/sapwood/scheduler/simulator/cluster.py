@@ -92,6 +92,9 @@ class ClusterSim:
         self.dropped: list[int] = []  # staleness of each rollout dropped at consumption
         self.finished_at: deque[float] = deque()
         self.finished_durations: deque[float] = deque(maxlen=256)
+        self._p50_memo: tuple[int, float] = (-1, math.nan)  # (completions seen, their median): one median per finish
+        self._switch_memo: tuple[int, float] = (-1, 0.0)  # (switches logged, mean of the last 32)
+        self._finished_count = 0
         self.switch_log: list[Switch] = []
         self.moves: list[Move] = []
         self.decisions = 0
@@ -182,6 +185,7 @@ class ClusterSim:
         self.backlog[r.idx] = r
         self.finished_at.append(self.env.now)
         self.finished_durations.append(r.duration)
+        self._finished_count += 1
         self._fill()
         self._notify()
 
@@ -312,8 +316,8 @@ class ClusterSim:
         rate = len(self.finished_at) / elapsed if elapsed > 0 else 0.0
         in_flight = list(self.running.values()) + list(self.paused)
         seen = len(self.finished_durations) >= w.batch_size
-        p50 = float(np.median(self.finished_durations)) if seen else w.rollout_p50_s
-        switch_mean = float(np.mean([s.duration_s for s in self.switch_log[-32:]])) if self.switch_log else 0.0
+        p50 = self._recent_p50() if seen else w.rollout_p50_s
+        switch_mean = self._switch_cost_mean()
         stale = [self.version - r.version for r in self.backlog.values()]
         return Signals(
             at_s=now,
@@ -339,6 +343,19 @@ class ClusterSim:
             staleness_mean=float(np.mean(stale)) if stale else 0.0,
             switch_cost_mean_s=switch_mean,
         )
+
+    def _recent_p50(self) -> float:
+        """Median of the last 256 finished rollouts' durations, recomputed only when one has finished."""
+        if self._p50_memo[0] != self._finished_count:
+            self._p50_memo = (self._finished_count, float(np.median(self.finished_durations)))
+        return self._p50_memo[1]
+
+    def _switch_cost_mean(self) -> float:
+        """Mean measured duration of the last 32 switches (0 before any), recomputed only after a switch."""
+        if self._switch_memo[0] != len(self.switch_log):
+            recent = [s.duration_s for s in self.switch_log[-32:]]
+            self._switch_memo = (len(self.switch_log), float(np.mean(recent)) if recent else 0.0)
+        return self._switch_memo[1]
 
     def _switch(self, cell: _Cell, to: CellRole) -> Proc:
         self._account()

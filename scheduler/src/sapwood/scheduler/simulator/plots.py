@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +48,30 @@ def plot_idle(results: Sequence[SimResult], path: Path) -> Path:
     return _save(fig, ax, path)
 
 
-def plot_sweep(rows: Sequence[dict[str, float]], field: str, path: Path, log_x: bool = False) -> Path:
-    """Speed-up of Elastic over Colocate, the best static split and the half/half split against one parameter."""
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    xs = [r[field] for r in rows]
-    ax.plot(xs, [r["elastic_vs_colocate"] for r in rows], "o-", label="elastic vs colocate")
-    ax.plot(xs, [r["elastic_vs_best_static"] for r in rows], "s-", label="elastic vs best static split")
-    ax.plot(xs, [r["elastic_vs_async_half"] for r in rows], "^--", label="elastic vs half/half")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    if log_x:
-        ax.set_xscale("log")
-    ax.set_xlabel(field)
-    ax.set_ylabel("speed-up (wall-time ratio)")
-    return _save(fig, ax, path)
+def plot_sweep(
+    rows: Sequence[Mapping[str, Any]],
+    field: str,
+    path: Path,
+    log_x: bool = False,
+    streaming: Sequence[Mapping[str, Any]] | None = None,
+) -> Path:
+    """Speed-up of Elastic over Colocate, the best static split and the half/half split against one parameter;
+    with ``streaming`` rows (the same sweep with streaming accumulation) a second panel beside the first."""
+    panels = [("no streaming accumulation", rows)] + ([("streaming accumulation", streaming)] if streaming else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), sharey=True, squeeze=False)
+    for ax, (title, rs) in zip(axes[0], panels, strict=True):
+        xs = [r[field] for r in rs]
+        ax.plot(xs, [r["elastic_vs_colocate"] for r in rs], "o-", label="elastic vs colocate")
+        ax.plot(xs, [r["elastic_vs_best_static"] for r in rs], "s-", label="elastic vs best static split")
+        ax.plot(xs, [r["elastic_vs_async_half"] for r in rs], "^--", label="elastic vs half/half")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_xlabel(field)
+        ax.set_title(title, fontsize=9)
+        ax.legend(loc="best", fontsize=8)
+    axes[0][0].set_ylabel("speed-up (wall-time ratio)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

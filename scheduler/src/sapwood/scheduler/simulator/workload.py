@@ -135,6 +135,32 @@ class Workload:
         return asdict(self)
 
 
+#: bytes of training state per parameter: bf16 weights (2) + bf16 gradients (2) + fp32 master weights (4) +
+#: fp32 Adam moments (8), the usual mixed-precision layout.
+TRAIN_BYTES_PER_PARAM = 16.0
+
+
+def core_cells_for_memory(
+    params: float,
+    cell_memory_gib: float,
+    bytes_per_param: float = TRAIN_BYTES_PER_PARAM,
+    usable_fraction: float = 0.8,
+) -> int:
+    """Core cells needed to hold the authoritative training state: ⌈params × bytes_per_param /
+    (cell_memory_gib GiB × usable_fraction)⌉, at least 1 (``usable_fraction``: what is left after
+    activations). E.g. 32e9 parameters on 640 GiB cells (8 × 80 GiB): 512 GB in 512 GiB usable → 1 cell;
+    72e9 → 3 cells."""
+    args = {"params": params, "cell_memory_gib": cell_memory_gib, "bytes_per_param": bytes_per_param}
+    bad = {k: v for k, v in args.items() if not (math.isfinite(v) and v > 0)}
+    if bad:
+        raise ValueError(f"core_cells_for_memory: these must be finite and > 0: {bad}")
+    if not (math.isfinite(usable_fraction) and 0.0 < usable_fraction <= 1.0):
+        raise ValueError(f"core_cells_for_memory: usable_fraction must be in (0, 1], got {usable_fraction}")
+    need = params * bytes_per_param
+    per_cell = cell_memory_gib * 2.0**30 * usable_fraction
+    return max(1, math.ceil(need / per_cell))
+
+
 BATCH_RULES = ("exact", "first_finished")
 STALE_RULES = ("drop", "discount")
 
@@ -153,7 +179,8 @@ HOUR = 3600.0
 #:   takes half the median rollout. The source gives no per-step training time; the sweep varies this ratio.
 #: * switch_cost_s = 10 s: source: a switch takes "数秒" (seconds). Colocate pays the same cost per phase flip.
 #: * max_staleness = 1: ASSUMED for Async and Elastic (one version off-policy, the usual bounded-async setting).
-#: * core_cells = 2: ASSUMED two of 16 cells hold the parameters and the optimizer state (set by memory; pinned
+#: * core_cells = 2: ASSUMED two of 16 cells hold the parameters and the optimizer state (set by memory,
+#:   ``core_cells_for_memory``: e.g. 60e9 parameters on 640 GiB cells need 2; pinned
 #:   to training); the other 14 are satellites. The bench sweeps it to 8.
 PAPER = Workload(
     cells=16,
