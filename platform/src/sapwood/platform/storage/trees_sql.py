@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.span_encoding import decode_span
+from sapwood.platform.storage.calls import CALL_WITH_OUTPUT
 from sapwood.platform.storage.spans_sql import load_spans
 from sapwood.platform.storage.trees import (
     BatchNode,
@@ -125,6 +126,18 @@ class SqlTreeReader:
         ctx = path_cte(_CONTEXT_START.where(node), self.step)
         self.context_sql = _spans_in_order(ctx, ctx.c.node_id, ctx.c.role, ctx.c.depth, ctx.c.length, ctx.c.call_id,
                                         ctx.c.policy_version)
+        # the call's facts ride on the context's root row (every other row has NULLs there): one round trip
+        call_ctx = path_cte(_CONTEXT_START.join(t.calls, _c.input_node == _n.node_id)
+                            .where(_c.call_id == sa.bindparam("call_id")), self.step)
+        facts = CALL_WITH_OUTPUT.subquery("facts")
+        self.call_context_sql = (
+            sa.select(call_ctx.c.node_id, call_ctx.c.role, call_ctx.c.depth, call_ctx.c.length, call_ctx.c.call_id,
+                      call_ctx.c.policy_version, t.spans.c.encoding, t.spans.c.data,
+                      *(c.label(f"call_{c.name}") for c in facts.c))
+            .select_from(call_ctx.join(t.spans, t.spans.c.digest == call_ctx.c.span_digest)
+                         .outerjoin(facts, call_ctx.c.parent_id.is_(None)))
+            .order_by(call_ctx.c.depth))
+        self.call_fact_names = tuple(str(c.name) for c in facts.c)
         # built once: building the recursive CTE per call cost ~3 ms of Python, 10x the query itself
         lpath = path_cte(sa.select(*_PATH_COLUMNS, sa.literal(0).label("k")).where(node), self.step,
                          link=across_segments, counter="k", name="lpath")
@@ -214,6 +227,14 @@ class SqlTreeReader:
         if not rows:
             raise UnknownParentError(f"node {node_id} does not exist")
         return _concat(rows, 0)
+
+    def call_context(self, conn: Connection, call_id: str) -> tuple[dict[str, Any], list[ContextNode]]:
+        rows = conn.execute(self.call_context_sql, {"call_id": call_id}).all()
+        if not rows or rows[0][8] is None:  # no such call (or, impossibly, a context without its root)
+            raise UnknownParentError(f"model call {call_id} does not exist")
+        call = dict(zip(self.call_fact_names, rows[0][8:], strict=True))
+        return call, [ContextNode(r[0], int(r[1]), int(r[2]), int(r[3]), r[4], r[5], decode_span(r[6], r[7]))
+                      for r in rows]
 
     def call_input(self, conn: Connection, call_id: str) -> tuple[TokenArray, int]:
         rows = conn.execute(self.call_input_sql, {"call_id": call_id}).all()
