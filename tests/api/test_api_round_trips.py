@@ -105,3 +105,29 @@ def test_the_first_request_builds_no_route_state(pg_store: Store, keys: Keys, wr
         _get(client, keys, f"/v1/calls/{calls_of(writers[0])[0].event_id}/audit")
         _get(client, keys, "/v1/executions?limit=1")
     assert built == []
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 20])
+def test_the_version_is_read_only_when_a_cache_keys_by_it(pg_store: Store, keys: Keys, writers: list[ExecutionWriter],
+                                                          cache_bytes: int) -> None:
+    """With the response cache off a tree needs no version (a round trip); each answer is built afresh,
+    so a tree read after a score revision shows it."""
+    eid = writers[0].execution_id
+    app = create_app(ApiSettings(api_cache_bytes=cache_bytes), store=pg_store)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        versions = app.state.sapwood.versions
+        asked: list[str] = []
+        real = versions.version
+
+        async def counting(execution_id: str) -> int:
+            asked.append(execution_id)
+            return int(await real(execution_id))
+
+        versions.version = counting
+        for suffix in ("tree", "tree/summary", "trajectories"):
+            _get(client, keys, f"/v1/executions/{eid}/{suffix}")
+        assert asked == ([] if cache_bytes == 0 else [eid] * 3)
+        r = client.post(f"/v1/executions/{eid}/scores", headers=keys.headers("write"), json={"score": 0.5})
+        assert r.status_code == 201, r.text
+        tree = client.get(f"/v1/executions/{eid}/tree", headers=keys.headers("read")).json()
+        assert tree["scores"][-1]["score"] == 0.5
