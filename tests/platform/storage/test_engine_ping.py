@@ -42,8 +42,10 @@ def _pid(engine: Engine) -> int:
 def _terminate(admin: Engine, pid: int) -> None:
     with admin.connect() as conn:
         assert conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
-        # the backend is gone once the server no longer lists it
-        for _ in range(1000):
+    # the backend is gone once the server no longer lists it (each look in a transaction of its own: the
+    # statistics views keep one snapshot per transaction)
+    for _ in range(1000):
+        with admin.connect() as conn:
             if conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"),
                             {"pid": pid}).scalar_one() == 0:
                 return
