@@ -21,6 +21,11 @@ target is a ratio measured side by side. Worker memory is the RSS of the uvicorn
 after the load. The last stdout line is one JSON object.
 
     python bench/bench_api.py [--executions 100] [--calls 20] [--long-executions 2] [--workers 2] [--duration 6]
+                              [--baseline REF]
+
+``--baseline REF`` serves the code of git revision ``REF`` beside this tree's (same database, same
+settings) and runs every cold wrk run against both, interleaved, so a change is measured before and
+after side by side under the same load (``baseline_vs_cold``: p50 and p99 of both, and their ratios).
 
 Needs ``wrk`` (Debian: ``apt-get install wrk``) and PostgreSQL (``--admin-url``,
 ``SAPWOOD_BENCH_DATABASE_URL`` or ``SAPWOOD_TEST_DATABASE_URL``; the database is dropped afterwards
@@ -30,15 +35,18 @@ unless ``--keep``, and a kept one is reused).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
+import resource
 import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -200,10 +208,16 @@ def store_reconstruction_ms(url: str, call_ids: list[str]) -> list[float]:
     return out
 
 
+def store_p50_ms(url: str, call_ids: list[str]) -> float:
+    """Median of :func:`store_reconstruction_ms` over ``call_ids``."""
+    return statistics.median(store_reconstruction_ms(url, call_ids))
+
+
 class Server:
     """``sapwood serve`` (uvicorn workers) in a child process."""
 
-    def __init__(self, url: str, workers: int, env: dict[str, str]) -> None:
+    def __init__(self, url: str, workers: int, env: dict[str, str], label: str = "") -> None:
+        self.label = label
         sock = listen_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         sock.close()
@@ -262,16 +276,101 @@ def wrk(base: str, key: str, paths_file: Path, connections: int, duration: float
     }
 
 
-def run_classes(server: Server, key: str, files: dict[str, Path], levels: list[int], duration: float,
-                script: Path, label: str) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
+def _cpu_s(processes: list[psutil.Process]) -> dict[int, float]:
+    out = {}
+    for proc in processes:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        out[proc.pid] = t.user + t.system
+    return out
+
+
+def database_backends() -> list[psutil.Process]:
+    """The PostgreSQL server processes serving connections to the benchmark database (on this machine)."""
+    out = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        title = " ".join(proc.info["cmdline"] or ())
+        if title.startswith("postgres:") and f" {DB_NAME} " in title:
+            out.append(proc)
+    return out
+
+
+def measured_wrk(server: Server, key: str, path: Path, connections: int, duration: float,
+                 script: Path) -> dict[str, Any]:
+    """:func:`wrk`, plus the CPU time it cost per request: the API workers', the database backends' and
+    wrk's own (ms), and the p50 that this much CPU allows at this many clients on this machine's cores
+    (``clients × CPU per request ÷ cores``: the queue's floor when every core served this benchmark)."""
+    workers = server._workers()
+    api0, db0 = _cpu_s(workers), _cpu_s(database_backends())
+    child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = wrk(server.base, key, path, connections, duration, script)
+    child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    api1, db1 = _cpu_s(workers), _cpu_s(database_backends())
+    n = max(res["requests"], 1)
+    api = sum(api1[p] - api0.get(p, 0.0) for p in api1) * 1000 / n
+    db = sum(db1[p] - db0.get(p, 0.0) for p in db1) * 1000 / n
+    client = ((child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)) * 1000 / n
+    res["cpu_ms_per_request"] = {"api": round(api, 2), "database": round(db, 2), "wrk": round(client, 2)}
+    res["cpu_floor_p50_ms"] = round(connections * (api + db + client) / (os.cpu_count() or 1), 2)
+    return res
+
+
+def run_classes(servers: list[Server], key: str, files: dict[str, Path], levels: list[int], duration: float,
+                script: Path, rounds: int = 1, beside: dict[str, Callable[[], float]] | None = None,
+                ) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """wrk over every class and client count, ``rounds`` times, against each server in turn (the order
+    alternating from one run to the next, so that neither server always follows the other): label →
+    class → one entry per client count (with ``rounds`` > 1: the median round by p99, the others' p50
+    and p99 in ``rounds``). ``beside[name]()`` runs before each round of that class at the first client
+    count (the store's own rebuild, measured at the same moment); its values are under ``"store"``."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {s.label: {} for s in servers}
+    out["store"] = {}
+    turn = 0
     for name, path in files.items():
-        out[name] = []
         for c in levels:
-            res = wrk(server.base, key, path, c, duration, script)
-            log(f"{label:>5} {name:>10} c={c:<3} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
-                f"{res['requests_per_s']:7.1f} req/s  hits {res['cache_hit_ratio']}  non-2xx {res['non_2xx']}")
-            out[name].append(res)
+            seen: dict[str, list[dict[str, Any]]] = {s.label: [] for s in servers}
+            for _ in range(rounds):
+                if beside and name in beside and c == levels[0]:
+                    out["store"].setdefault(name, []).append({"p50_ms": beside[name]()})
+                for server in servers[::-1] if turn % 2 else servers:
+                    res = measured_wrk(server, key, path, c, duration, script)
+                    cpu = res["cpu_ms_per_request"]
+                    log(f"{server.label:>8} {name:>10} c={c:<3} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} "
+                        f"ms  {res['requests_per_s']:7.1f} req/s  cpu/req api {cpu['api']:.2f} db {cpu['database']:.2f}"
+                        f" wrk {cpu['wrk']:.2f} ms  hits {res['cache_hit_ratio']}  non-2xx {res['non_2xx']}  "
+                        f"load {os.getloadavg()[0]:.1f}")
+                    seen[server.label].append(res)
+                turn += 1
+            for label, results in seen.items():
+                ordered = sorted(results, key=lambda r: r["p99_ms"])
+                chosen = dict(ordered[len(ordered) // 2])
+                if rounds > 1:
+                    chosen["rounds"] = [{"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"]} for r in results]
+                out[label].setdefault(name, []).append(chosen)
+    return out
+
+
+def checkout(ref: str, into: Path) -> dict[str, str]:
+    """The tree of git revision ``ref`` under ``into``; the environment that imports its code."""
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(root), "archive", ref], capture_output=True, check=True).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return {"PYTHONPATH": os.pathsep.join(str(p) for p in sorted(into.glob("*/src")))}
+
+
+def compared(result: dict[str, Any]) -> dict[str, Any]:
+    """Per class and client count: the baseline's figure ÷ this tree's (p50, p99: > 1 is faster now)."""
+    out: dict[str, Any] = {}
+    for name, runs in result["cold"].items():
+        for new, old in zip(runs, result["baseline_cold"].get(name, []), strict=False):
+            out[f"{name}_c{new['clients']}"] = {
+                "p50_ms": [old["p50_ms"], new["p50_ms"]], "p99_ms": [old["p99_ms"], new["p99_ms"]],
+                "requests_per_s": [old["requests_per_s"], new["requests_per_s"]],
+                "p50_speedup": round(old["p50_ms"] / max(new["p50_ms"], 1e-3), 2),
+                "p99_speedup": round(old["p99_ms"] / max(new["p99_ms"], 1e-3), 2)}
     return out
 
 
@@ -282,6 +381,27 @@ def warm_up(server: Server, key: str, files: dict[str, Path], script: Path, pass
         probe = wrk(server.base, key, path, 8, 1, script)
         seconds = max(1.0, min(30.0, passes * n / max(probe["requests_per_s"], 1.0)))
         wrk(server.base, key, path, 8, seconds, script)
+
+
+def targets_of(result: dict[str, Any], phase: str, levels: list[int]) -> dict[str, Any]:
+    """The goals met or not by the runs of ``phase`` (``cold``, ``baseline_cold``, ``warm``)."""
+    out: dict[str, Any] = {}
+    runs = result.get(phase, {})
+    for name in ("audit", "audit_long"):
+        if name in runs and phase != "warm":
+            first = next(r for r in runs[name] if r["clients"] == levels[0])
+            store = result["store_reconstruct_ms"][name]["rounds"]
+            # each round's API p50 over the store's p50 measured just before it; the median of those
+            api = [x["p50_ms"] for x in first.get("rounds", [first])]
+            ratio = statistics.median(a / b for a, b in zip(api, store, strict=False))
+            out[f"{phase}_{name}_p50_vs_store"] = {"value": round(ratio, 2), "target": TARGET_AUDIT_VS_STORE,
+                                                   "met": ratio <= TARGET_AUDIT_VS_STORE}
+    for name in CLASSES:
+        at16 = next((r for r in runs.get(name, []) if r["clients"] == 16), None)
+        if at16:
+            out[f"{phase}_{name}_p99_ms_at_16"] = {"value": at16["p99_ms"], "target": TARGET_P99_MS_AT_16,
+                                                   "met": at16["p99_ms"] <= TARGET_P99_MS_AT_16}
+    return out
 
 
 def main() -> None:
@@ -300,6 +420,9 @@ def main() -> None:
     p.add_argument("--only", default="", help=f"comma-separated subset of {','.join(CLASSES)}")
     p.add_argument("--keep", action="store_true", help="keep (and reuse) the benchmark database")
     p.add_argument("--cold-only", action="store_true", help="skip the warm (cache on) server")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the cold runs (median reported)")
+    p.add_argument("--baseline", default="", help="git revision to serve beside this tree in the cold runs, "
+                   "interleaved with them (same data, same moment): the before/after of a change")
     args = p.parse_args()
     if not args.admin_url:
         sys.exit("no PostgreSQL: pass --admin-url or set SAPWOOD_TEST_DATABASE_URL (python scripts/services.py start)")
@@ -327,8 +450,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "cycle.lua"
         script.write_text(WRK_SCRIPT)
-        cold_server = Server(url, args.workers, {"SAPWOOD_API_CACHE_BYTES": "0"})
+        cold_server = Server(url, args.workers, {"SAPWOOD_API_CACHE_BYTES": "0"}, "cold")
+        servers = [cold_server]
         try:
+            if args.baseline:
+                base_env = checkout(args.baseline, Path(tmp) / "baseline")
+                servers.insert(0, Server(url, args.workers, {"SAPWOOD_API_CACHE_BYTES": "0", **base_env}, "baseline"))
+                result["baseline"] = subprocess.run(["git", "rev-parse", "--short", args.baseline],
+                                                    capture_output=True, text=True, check=True).stdout.strip()
             result["worker_rss_mb_idle"] = cold_server.worker_rss_mb()
             urls = url_lists(url, cold_server.base, key, args.audits_per_execution)
             result["distinct_urls"] = {k: len(v) for k, v in urls.items()}
@@ -336,39 +465,34 @@ def main() -> None:
             for name in classes:
                 files[name] = Path(tmp) / f"{name}.txt"
                 files[name].write_text("\n".join(urls[name]) + "\n")
-            result["store_reconstruct_ms"] = {}
-            for name in ("audit", "audit_long"):
-                if name not in classes:
-                    continue
-                store_ms = store_reconstruction_ms(url, [u.split("/")[3] for u in urls[name][:200]])
-                result["store_reconstruct_ms"][name] = {
-                    "p50": round(statistics.median(store_ms), 2),
-                    "p99": round(sorted(store_ms)[int(0.99 * (len(store_ms) - 1))], 2), "calls": len(store_ms)}
-            result["cold"] = run_classes(cold_server, key, files, levels, args.duration, script, "cold")
+            beside = {name: functools.partial(store_p50_ms, url, [u.split("/")[3] for u in urls[name][:200]])
+                      for name in ("audit", "audit_long") if name in classes}
+            runs = run_classes(servers, key, files, levels, args.duration, script, args.rounds, beside)
+            result["store_reconstruct_ms"] = {
+                name: {"p50": round(statistics.median(r["p50_ms"] for r in rs), 2),
+                       "rounds": [round(r["p50_ms"], 2) for r in rs], "calls": len(urls[name][:200])}
+                for name, rs in runs["store"].items()}
+            result["cold"] = runs["cold"]
+            if args.baseline:
+                result["baseline_cold"] = runs["baseline"]
+                result["baseline_vs_cold"] = compared(result)
             result["worker_rss_mb_after_cold"] = cold_server.worker_rss_mb()
         finally:
-            cold_server.stop()
+            for server in servers:
+                server.stop()
         if not args.cold_only:
-            warm_server = Server(url, args.workers, {})
+            warm_server = Server(url, args.workers, {}, "warm")
             try:
                 warm_up(warm_server, key, files, script, passes=3)
-                result["warm"] = run_classes(warm_server, key, files, levels, args.duration, script, "warm")
+                result["warm"] = run_classes([warm_server], key, files, levels, args.duration, script)["warm"]
                 result["worker_rss_mb_after_warm"] = warm_server.worker_rss_mb()
             finally:
                 warm_server.stop()
-    targets: dict[str, Any] = {}
-    for name in ("audit", "audit_long"):
-        if name in result["cold"]:
-            first = next(r for r in result["cold"][name] if r["clients"] == levels[0])
-            ratio = first["p50_ms"] / result["store_reconstruct_ms"][name]["p50"]
-            targets[f"cold_{name}_p50_vs_store"] = {"value": round(ratio, 2), "target": TARGET_AUDIT_VS_STORE,
-                                                    "met": ratio <= TARGET_AUDIT_VS_STORE}
-    for phase in ("cold", "warm"):
-        for name in ("tree", "trajectory", "audit", "audit_long", "listing"):
-            at16 = next((r for r in result.get(phase, {}).get(name, []) if r["clients"] == 16), None)
-            if at16:
-                targets[f"{phase}_{name}_p99_ms_at_16"] = {"value": at16["p99_ms"], "target": TARGET_P99_MS_AT_16,
-                                                           "met": at16["p99_ms"] <= TARGET_P99_MS_AT_16}
+    targets = targets_of(result, "cold", levels)
+    if args.baseline:
+        result["baseline_targets"] = targets_of(result, "baseline_cold", levels)
+    if not args.cold_only:
+        targets.update(targets_of(result, "warm", levels))
     result["targets"] = targets
     result["all_targets_met"] = all(v["met"] for v in targets.values())
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]

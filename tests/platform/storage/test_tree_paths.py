@@ -14,6 +14,7 @@ from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.events import ModelCall, SegmentBoundary
 from sapwood.platform.storage.backends import tree_reader
+from sapwood.platform.storage.calls import call_with_output
 from sapwood.platform.storage.postgres.trees import PostgresTreeReader, lateral_step
 from sapwood.platform.storage.sqlite.trees import SQLiteTreeReader, join_step
 from sapwood.platform.storage.trees_sql import SqlTreeReader, Step, path_cte
@@ -48,6 +49,30 @@ def test_call_input_and_path_tokens_match_the_recorded_inputs(store: Store) -> N
             assert recorded == expected.size
             np.testing.assert_array_equal(tree_reader(conn).context_tokens(conn, call.output_node_id),
                                           np.concatenate([expected, call.output_ids]))
+
+
+def test_call_context_is_the_call_row_and_the_input_context_in_one_statement(store: Store) -> None:
+    w = _applied(store, calls=12)
+    calls = [e for e in w.events if isinstance(e, ModelCall)]
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        statements.append(statement)
+
+    with store.transaction() as conn:
+        reader = tree_reader(conn)
+        for call in calls:
+            sa.event.listen(conn, "before_cursor_execute", record)
+            row, parts = reader.call_context(conn, call.call_id)
+            sa.event.remove(conn, "before_cursor_execute", record)
+            assert len(statements) == 1
+            statements.clear()
+            assert row == call_with_output(conn, call.call_id)
+            assert parts == reader.context(conn, row["input_node"])
+            np.testing.assert_array_equal(np.frombuffer(b"".join(p.data for p in parts), "<i4"),
+                                          expected_input(w, call))
+        with pytest.raises(UnknownParentError, match="model call"):
+            reader.call_context(conn, "00000000-0000-4000-8000-000000000000")
 
 
 def test_unknown_ids_are_named_in_the_error(store: Store) -> None:

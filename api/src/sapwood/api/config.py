@@ -56,6 +56,8 @@ class ApiSettings(Settings):
     api_db_pool_size: int = Field(default=16, ge=1, description="PostgreSQL connections each worker keeps open")
     api_db_pool_timeout_s: float = Field(default=10.0, gt=0, description="seconds a request waits for a free "
                                          "PostgreSQL connection; then 503 with Retry-After")
+    api_db_ping_idle_s: float = Field(default=1.0, ge=0, description="a PostgreSQL connection idle in the pool "
+                                      "longer than this (seconds) is pinged before use; 0 = ping at every checkout")
     api_db_max_overflow: int = Field(default=8, ge=0, description="extra short-lived connections under bursts")
     api_version_push: bool = Field(
         default=True, description="PostgreSQL: keep execution versions current by LISTEN/NOTIFY (cache hits need no "

@@ -54,16 +54,15 @@ class Services:
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
-        """A connection for reads; driver errors are translated.
+        """A connection for reads whose statements each stand alone; driver errors are translated.
 
-        The read transaction ends with COMMIT, not ROLLBACK: psycopg drops its prepared statements on
-        a rollback, so every request would parse and plan its statements again (measured: an audit's
-        two statements took 1.6 ms with the rollback, 0.8 ms with the commit). On an error it is
-        rolled back.
+        No transaction (autocommit on PostgreSQL): an audit's two statements are two round trips, not
+        four with ``BEGIN`` and ``COMMIT``, and psycopg keeps its prepared statements (it drops them on
+        a rollback). For reads of immutable rows (calls, spans, paths) or of one row in one statement;
+        reads that must agree with each other use :meth:`snapshot`.
         """
         with translate_errors(), self.store.engine.connect() as conn:
-            yield conn
-            conn.commit()
+            yield self.modes.statement_reads(conn)
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[Connection]:

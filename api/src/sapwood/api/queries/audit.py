@@ -40,34 +40,30 @@ class RebuiltInput:
         return self.token_ids.size == self.recorded_len and self.computed_digest == self.recorded_digest
 
 
-def context_path(conn: Connection, node_id: str) -> list[tuple[dict[str, Any], bytes]]:
-    """(node facts, packed tokens) from the context's root to ``node_id`` (one recursive query)."""
-    return [({"node_id": n.node_id, "role": ROLE_NAMES[n.role], "depth": n.depth, "length": n.length,
-              "call_id": n.call_id, "policy_version": n.policy_version}, n.data)
-            for n in tree_reader(conn).context(conn, node_id)]
-
-
 def call_row(conn: Connection, call_id: str) -> dict[str, Any]:
     """The call's columns, its execution's engine/run/task/sampling params, output spans (one query)."""
     return call_reads.call_with_output(conn, call_id)
 
 
-def rebuild_input(conn: Connection, row: dict[str, Any]) -> RebuiltInput:
-    parts = context_path(conn, row["input_node"])
-    data = b"".join(p[1] for p in parts)
-    return RebuiltInput(np.frombuffer(data, dtype=TOKEN_DTYPE), digest_bytes(data).hex(), row["input_digest"],
-                        int(row["input_len"]), [p[0] for p in parts])
+def call_with_input(conn: Connection, call_id: str) -> tuple[dict[str, Any], RebuiltInput]:
+    """:func:`call_row` and the call's input rebuilt from the tree: one statement."""
+    row, parts = tree_reader(conn).call_context(conn, call_id)
+    data = b"".join(p.data for p in parts)
+    path = [{"node_id": p.node_id, "role": ROLE_NAMES[p.role], "depth": p.depth, "length": p.length,
+             "call_id": p.call_id, "policy_version": p.policy_version} for p in parts]
+    return row, RebuiltInput(np.frombuffer(data, dtype=TOKEN_DTYPE), digest_bytes(data).hex(), row["input_digest"],
+                             int(row["input_len"]), path)
 
 
 def audit(conn: Connection, call_id: str, *, tokenizer: Tokenizer | None, tokens: bool = True,
           text: bool = True) -> dict[str, Any]:
     """Everything about one model call: exact input (verified), output, log-probs, version, engine, timings.
 
-    Two statements (the call with its output spans; the input's path). Token ids and log-probs are
-    numpy arrays (int32 [L], float32 [n]): :func:`sapwood.api.routes.dump_json` writes them directly.
+    One statement (the input's path with the call, its output spans and its execution's facts on the
+    root's row). Token ids and log-probs are numpy arrays (int32 [L], float32 [n]):
+    :func:`sapwood.api.routes.dump` writes them directly.
     """
-    row = call_row(conn, call_id)
-    rebuilt = rebuild_input(conn, row)
+    row, rebuilt = call_with_input(conn, call_id)
     out_ids = unpack_tokens(decode_span(row["out_encoding"], row["out_data"]))
     out_lps = unpack_logprobs(decode_span(row["lp_encoding"], row["lp_data"]))
     decode = tokenizer.decode if (tokenizer is not None and text) else None

@@ -202,7 +202,11 @@ def logical_path(conn: Connection, node_id: str, cache: PathCache | None = None)
 
 def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
                paths: PathCache | None = None) -> dict[str, Any]:
-    """The logical trajectory ending at ``node_id`` and its tokens/log-probs in ``[offset, offset+limit)``."""
+    """The logical trajectory ending at ``node_id`` and its tokens/log-probs in ``[offset, offset+limit)``.
+
+    A piece's ``token_ids`` (int32 [n]) and ``logprobs`` (float32 [n] or None) stay numpy arrays for
+    :func:`sapwood.api.routes.dump` (orjson writes them directly; ``tolist()`` cost more than the reads).
+    """
     path = logical_path(conn, node_id, paths)
     leaf = path[-1]
     reader = tree_reader(conn)
@@ -215,8 +219,7 @@ def trajectory(conn: Connection, node_id: str, *, offset: int, limit: int,
     pieces = []
     for p, s, page in zip(window, slices, reader.token_pages(conn, slices), strict=True):
         pieces.append({"node_id": p.node_id, "role": ROLE[p.role], "segment": p.segment, "offset": p.offset + s.start,
-                       "token_ids": page.token_ids.tolist(),
-                       "logprobs": None if page.logprobs is None else page.logprobs.tolist(), "call_id": p.call_id,
+                       "token_ids": page.token_ids, "logprobs": page.logprobs, "call_id": p.call_id,
                        "policy_version": p.policy_version})
     segments: list[dict[str, Any]] = []
     for p in path:

@@ -51,12 +51,26 @@ def json_response(model: type[BaseModel], data: dict[str, Any]) -> Response:
     return Response(dump(model, data), media_type="application/json")
 
 
-async def cached(services: Services, key: Hashable, build: Callable[[], Cached]) -> tuple[Cached, str]:
+async def execution_version(services: Services, execution_id: str) -> int | None:
+    """The execution's version (``last_seq``) to key its cached answers by; None with the response cache
+    off: nothing is kept, so nothing needs the version, and the query for it would be a round trip per
+    request (a tenth of a cold tree's time)."""
+    if services.cache.max_bytes == 0:
+        return None
+    return await services.versions.version(execution_id)
+
+
+async def cached(services: Services, key: Hashable, build: Callable[[], Cached], *,
+                 shared: bool = True) -> tuple[Cached, str]:
     """The cached entry for ``key`` and how it was got: ``hit``, ``miss`` (built here) or ``coalesced``.
 
     A miss runs ``build`` (blocking store reads) in the thread pool; concurrent misses on one key in
-    this worker wait for that one build instead of each rebuilding the same answer.
+    this worker wait for that one build instead of each rebuilding the same answer. ``shared=False``
+    (a key without the execution's version) builds afresh, merged with no other request: one that
+    started before a write committed must not answer a request that came after it.
     """
+    if not shared:
+        return await run_in_threadpool(build), "miss"
     hit = services.cache.get(key)
     if hit is not None:
         return hit, "hit"
@@ -79,14 +93,15 @@ async def cached(services: Services, key: Hashable, build: Callable[[], Cached])
     return entry, "miss"
 
 
-async def cached_json(request: Request, services: Services, key: Hashable, build: Callable[[], bytes]) -> Response:
+async def cached_json(request: Request, services: Services, key: Hashable, build: Callable[[], bytes], *,
+                      shared: bool = True) -> Response:
     """Serve an immutable JSON body from the response cache (ETag / If-None-Match aware, see :func:`cached`)."""
 
     def entry() -> Cached:
         body = build()
         return body, {"ETag": '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"'}
 
-    hit, state = await cached(services, key, entry)
+    hit, state = await cached(services, key, entry, shared=shared)
     headers = {**hit[1], "X-Sapwood-Cache": state}
     if request.headers.get("if-none-match") == hit[1]["ETag"]:
         return Response(status_code=304, headers=headers)

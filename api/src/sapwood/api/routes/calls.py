@@ -55,7 +55,7 @@ async def call_input_binary(call_id: uuid.UUID, services: ServicesDep, _key: Rea
 
     def build() -> Cached:
         with services.read() as conn:
-            rebuilt = q.rebuild_input(conn, q.call_row(conn, cid))
+            _, rebuilt = q.call_with_input(conn, cid)
         return rebuilt.token_ids.tobytes(), {
             "X-Sapwood-Recorded-Digest": rebuilt.recorded_digest,
             "X-Sapwood-Computed-Digest": rebuilt.computed_digest,

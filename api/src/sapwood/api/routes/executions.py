@@ -15,7 +15,7 @@ from sapwood.api.idempotency import Answer, IdempotencyKey, idempotent, json_byt
 from sapwood.api.queries import audit as audit_q
 from sapwood.api.queries import executions as q
 from sapwood.api.queries import trees
-from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, TOO_LARGE, cached_json, dump
+from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, TOO_LARGE, cached_json, dump, execution_version
 from sapwood.api.schemas import (
     CallPage,
     ExecutionOut,
@@ -71,14 +71,15 @@ async def get_tree(
         raise ValidationError(f"max_nodes {max_nodes} is above the limit {limit} (SAPWOOD_API_TREE_MAX_NODES); "
                               "use /tree/summary or max_level for huge trees")
     eid = str(execution_id)
-    version = await services.versions.version(eid)
+    version = await execution_version(services, eid)
 
     def build() -> bytes:
         with services.snapshot() as conn:
             ex = trees.execution_row(conn, eid)
             return dump(TreeOut, trees.full_tree(conn, ex, max_nodes=max_nodes or limit, max_level=max_level))
 
-    return await cached_json(request, services, ("tree", eid, version, max_nodes or limit, max_level), build)
+    return await cached_json(request, services, ("tree", eid, version, max_nodes or limit, max_level), build,
+                             shared=version is not None)
 
 
 @router.get("/{execution_id}/tree/summary", response_model=TreeSummaryOut, responses={**NOT_FOUND})
@@ -86,13 +87,14 @@ async def get_tree_summary(execution_id: uuid.UUID, request: Request, services: 
     """The tree with single-child chains collapsed: roots, segment roots, fork points, compacted summaries and
     leaves are kept; each edge between them reports the collapsed nodes, tokens by role and calls."""
     eid = str(execution_id)
-    version = await services.versions.version(eid)
+    version = await execution_version(services, eid)
 
     def build() -> bytes:
         with services.snapshot() as conn:
             return dump(TreeSummaryOut, trees.tree_summary(conn, trees.execution_row(conn, eid)))
 
-    return await cached_json(request, services, ("summary", eid, version), build)
+    return await cached_json(request, services, ("summary", eid, version), build,
+                             shared=version is not None)
 
 
 @router.get("/{execution_id}/trajectories", response_model=TrajectoryList, responses={**NOT_FOUND})
@@ -100,14 +102,15 @@ async def list_trajectories(execution_id: uuid.UUID, request: Request, services:
                             _key: ReadKey) -> Response:
     """The execution's trajectories (one per leaf) with their length across segments and reward."""
     eid = str(execution_id)
-    version = await services.versions.version(eid)
+    version = await execution_version(services, eid)
 
     def build() -> bytes:
         with services.snapshot() as conn:
             ex = trees.execution_row(conn, eid)
             return dump(TrajectoryList, {"execution_id": eid, "items": trees.trajectories(conn, ex)})
 
-    return await cached_json(request, services, ("trajectories", eid, version), build)
+    return await cached_json(request, services, ("trajectories", eid, version), build,
+                             shared=version is not None)
 
 
 @router.get("/{execution_id}/calls", response_model=CallPage, responses={**NOT_FOUND})

@@ -25,7 +25,7 @@ _out_node = t.nodes.alias("out_node")
 _out_span = t.spans.alias("out_span")
 _lp_span = t.spans.alias("lp_span")
 #: A call with its execution's facts, output tokens and rollout log-probs: one statement, built once.
-_CALL = (
+CALL_WITH_OUTPUT = (
     sa.select(*CALL_COLUMNS, _c.input_digest, _c.timings, _c.sampling_params.label("call_sampling_params"),
               _e.engine, _e.run_id, _e.task_id, _e.sampling_params.label("execution_sampling_params"),
               _out_span.c.encoding.label("out_encoding"), _out_span.c.data.label("out_data"),
@@ -42,7 +42,7 @@ def call_with_output(conn: Connection, call_id: str) -> dict[str, Any]:
     """The call's columns (:data:`CALL_NAMES`), ``input_digest timings call_sampling_params``, its execution's
     ``engine run_id task_id execution_sampling_params`` and the stored output spans
     (``out_encoding out_data lp_encoding lp_data``): one query."""
-    row = conn.execute(_CALL, {"call_id": call_id}).mappings().first()
+    row = conn.execute(CALL_WITH_OUTPUT, {"call_id": call_id}).mappings().first()
     if row is None:
         raise UnknownParentError(f"model call {call_id} does not exist")
     return dict(row)

@@ -30,13 +30,16 @@ def encode_rows(spans: dict[bytes, np.ndarray], skip: Iterable[bytes] = ()) -> l
     return [(d, *encode_span(arr)) for d, arr in spans.items() if d not in stored]
 
 
+#: Spans (digest, encoding, data) by the expanding ``digests`` (built once, not per look-up).
+_SPANS_SQL = (sa.select(t.spans.c.digest, t.spans.c.encoding, t.spans.c.data)
+              .where(t.spans.c.digest.in_(sa.bindparam("digests", expanding=True))))
+
+
 def load_spans(conn: Connection, digests: Iterable[bytes]) -> dict[bytes, bytes]:
-    """Fetch span bytes by digest."""
+    """Fetch decoded span bytes by digest, ``CHUNK`` digests a statement."""
     wanted = list({bytes(d) for d in digests})
     out: dict[bytes, bytes] = {}
     for i in range(0, len(wanted), CHUNK):
-        chunk = wanted[i : i + CHUNK]
-        q = sa.select(t.spans.c.digest, t.spans.c.encoding, t.spans.c.data).where(t.spans.c.digest.in_(chunk))
-        for d, enc, data in conn.execute(q):
+        for d, enc, data in conn.execute(_SPANS_SQL, {"digests": wanted[i : i + CHUNK]}):
             out[bytes(d)] = decode_span(enc, data)
     return out

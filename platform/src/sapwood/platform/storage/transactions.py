@@ -2,6 +2,9 @@
 
 The API's request transactions need two guarantees whose SQL differs per backend:
 
+* *statement reads* — each statement sees the latest committed state on its own, with no
+  transaction around them (PostgreSQL: autocommit, so no ``BEGIN``/``COMMIT`` round trips;
+  SQLite: the connection as it is);
 * a *snapshot read* — every statement of the request sees the same committed state
   (PostgreSQL: ``REPEATABLE READ``; SQLite: the connection as it is — the embedded store's
   default driver opens no transaction for reads, so a write committed in between may be seen);
@@ -20,6 +23,11 @@ from sqlalchemy.engine import Connection
 
 
 class Transactions(Protocol):
+    def statement_reads(self, conn: Connection) -> Connection:
+        """``conn`` (not yet in a transaction) set up so that each read statement stands alone (no
+        transaction to open and close): for reads of immutable rows, or of one row in one statement."""
+        ...
+
     def snapshot(self, conn: Connection) -> Connection:
         """``conn`` (not yet in a transaction) set up so that its statements all see one snapshot."""
         ...

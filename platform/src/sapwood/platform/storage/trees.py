@@ -151,6 +151,11 @@ class TreeReader(Protocol):
         """Token ids ``int32 [L]`` of the context that ends with ``node_id`` (one query)."""
         ...
 
+    def call_context(self, conn: Connection, call_id: str) -> tuple[dict[str, Any], list[ContextNode]]:
+        """A model call's row as :func:`sapwood.platform.storage.calls.call_with_output` gives it, and its
+        input's context (root first) as :meth:`context` does: one query."""
+        ...
+
     def call_input(self, conn: Connection, call_id: str) -> tuple[TokenArray, int]:
         """A model call's input ids ``int32 [L]`` rebuilt from the tree, and the length it recorded."""
         ...

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 from sapwood.platform import schema as t
 from sapwood.platform.errors import UnknownParentError
 from sapwood.platform.span_encoding import decode_span
+from sapwood.platform.storage.calls import CALL_WITH_OUTPUT
 from sapwood.platform.storage.spans_sql import load_spans
 from sapwood.platform.storage.trees import (
     BatchNode,
@@ -90,11 +91,13 @@ def _concat(rows: Sequence[Any], first: int) -> TokenArray:
     return np.frombuffer(b"".join(decode_span(r[first], r[first + 1]) for r in rows), dtype=TOKEN_DTYPE)
 
 
-def _logprob_digests(conn: Connection, call_ids: Sequence[str]) -> dict[str, bytes]:
-    if not call_ids:
-        return {}
-    rows = conn.execute(sa.select(_c.call_id, _c.logprobs_digest).where(_c.call_id.in_(list(call_ids))))
-    return {r[0]: bytes(r[1]) for r in rows}
+#: Rollout log-probs (encoding, data) of the calls named by the expanding ``call_ids``: one statement.
+_LOGPROBS_SQL = (sa.select(_c.call_id, t.spans.c.encoding, t.spans.c.data)
+                 .select_from(t.calls.join(t.spans, t.spans.c.digest == _c.logprobs_digest))
+                 .where(_c.call_id.in_(sa.bindparam("call_ids", expanding=True))))
+_LEAF_FACTS_SQL = (sa.select(_e.status, _e.reward, _e.score, _e.leaf_rewards, _n.is_leaf)
+                   .select_from(t.nodes.join(t.executions, _e.execution_id == _n.execution_id))
+                   .where(_n.node_id == sa.bindparam("node_id")))
 
 
 def _with_levels(nodes: list[TreeNode]) -> list[TreeNode]:
@@ -123,6 +126,22 @@ class SqlTreeReader:
         ctx = path_cte(_CONTEXT_START.where(node), self.step)
         self.context_sql = _spans_in_order(ctx, ctx.c.node_id, ctx.c.role, ctx.c.depth, ctx.c.length, ctx.c.call_id,
                                         ctx.c.policy_version)
+        # the call's facts ride on the context's root row (every other row has NULLs there): one round trip
+        call_ctx = path_cte(_CONTEXT_START.join(t.calls, _c.input_node == _n.node_id)
+                            .where(_c.call_id == sa.bindparam("call_id")), self.step)
+        facts = CALL_WITH_OUTPUT.subquery("facts")
+        self.call_context_sql = (
+            sa.select(call_ctx.c.node_id, call_ctx.c.role, call_ctx.c.depth, call_ctx.c.length, call_ctx.c.call_id,
+                      call_ctx.c.policy_version, t.spans.c.encoding, t.spans.c.data,
+                      *(c.label(f"call_{c.name}") for c in facts.c))
+            .select_from(call_ctx.join(t.spans, t.spans.c.digest == call_ctx.c.span_digest)
+                         .outerjoin(facts, call_ctx.c.parent_id.is_(None)))
+            .order_by(call_ctx.c.depth))
+        self.call_fact_names = tuple(str(c.name) for c in facts.c)
+        # built once: building the recursive CTE per call cost ~3 ms of Python, 10x the query itself
+        lpath = path_cte(sa.select(*_PATH_COLUMNS, sa.literal(0).label("k")).where(node), self.step,
+                         link=across_segments, counter="k", name="lpath")
+        self.logical_path_sql = sa.select(*(lpath.c[c.name] for c in _PATH_COLUMNS)).order_by(lpath.c.k.desc())
 
     # -- whole trees ---------------------------------------------------------------------------------
     @staticmethod
@@ -185,9 +204,7 @@ class SqlTreeReader:
 
     # -- paths and contexts --------------------------------------------------------------------------
     def logical_path(self, conn: Connection, node_id: str) -> list[PathNode]:
-        path = path_cte(sa.select(*_PATH_COLUMNS, sa.literal(0).label("k")).where(_n.node_id == node_id), self.step,
-                        link=across_segments, counter="k", name="lpath")
-        rows = conn.execute(sa.select(*(path.c[c.name] for c in _PATH_COLUMNS)).order_by(path.c.k.desc())).all()
+        rows = conn.execute(self.logical_path_sql, {"node_id": node_id}).all()
         if not rows:
             raise UnknownParentError(f"node {node_id} does not exist")
         out = [PathNode(r[0], r[10], r[1], r[2], int(r[3]), int(r[6]), int(r[5]), int(r[7]), bytes(r[4]), r[8], r[9])
@@ -211,6 +228,14 @@ class SqlTreeReader:
             raise UnknownParentError(f"node {node_id} does not exist")
         return _concat(rows, 0)
 
+    def call_context(self, conn: Connection, call_id: str) -> tuple[dict[str, Any], list[ContextNode]]:
+        rows = conn.execute(self.call_context_sql, {"call_id": call_id}).all()
+        if not rows or rows[0][8] is None:  # no such call (or, impossibly, a context without its root)
+            raise UnknownParentError(f"model call {call_id} does not exist")
+        call = dict(zip(self.call_fact_names, rows[0][8:], strict=True))
+        return call, [ContextNode(r[0], int(r[1]), int(r[2]), int(r[3]), r[4], r[5], decode_span(r[6], r[7]))
+                      for r in rows]
+
     def call_input(self, conn: Connection, call_id: str) -> tuple[TokenArray, int]:
         rows = conn.execute(self.call_input_sql, {"call_id": call_id}).all()
         if not rows:
@@ -219,16 +244,16 @@ class SqlTreeReader:
 
     # -- tokens --------------------------------------------------------------------------------------
     def token_pages(self, conn: Connection, slices: Sequence[PageSlice]) -> list[TokenPage]:
+        """Two statements (the spans; the calls' log-probs joined to their spans), whatever the slices."""
+        if not slices:
+            return []
         data = load_spans(conn, [s.span_digest for s in slices])
-        lp_digests = _logprob_digests(conn, [s.call_id for s in slices if s.call_id])
-        lp_data = load_spans(conn, lp_digests.values()) if lp_digests else {}
-        out = []
-        for s in slices:
-            lps = None
-            if s.call_id in lp_digests:
-                lps = unpack_logprobs(lp_data[lp_digests[s.call_id]])[s.start:s.stop]
-            out.append(TokenPage(unpack_tokens(data[s.span_digest])[s.start:s.stop], lps))
-        return out
+        call_ids = list({s.call_id for s in slices if s.call_id})
+        lps = {r[0]: decode_span(r[1], r[2]) for r in conn.execute(_LOGPROBS_SQL, {"call_ids": call_ids})} \
+            if call_ids else {}
+        return [TokenPage(unpack_tokens(data[s.span_digest])[s.start:s.stop],
+                          unpack_logprobs(lps[s.call_id])[s.start:s.stop] if s.call_id in lps else None)
+                for s in slices]
 
     def execution_spans(self, conn: Connection, execution_id: str
                         ) -> tuple[dict[str, TokenArray], dict[str, np.ndarray]]:
@@ -241,9 +266,7 @@ class SqlTreeReader:
                 {nid: np.frombuffer(spans[d], dtype=LOGPROB_DTYPE) for nid, d in lp_digests.items()})
 
     def leaf_facts(self, conn: Connection, node_id: str) -> Mapping[str, Any] | None:
-        row = conn.execute(sa.select(_e.status, _e.reward, _e.score, _e.leaf_rewards, _n.is_leaf)
-                           .select_from(t.nodes.join(t.executions, _e.execution_id == _n.execution_id))
-                           .where(_n.node_id == node_id)).first()
+        row = conn.execute(_LEAF_FACTS_SQL, {"node_id": node_id}).first()
         return None if row is None else dict(row._mapping)
 
     def batch_rows(self, conn: Connection, execution_ids: Sequence[str]) -> BatchRows:

@@ -14,6 +14,12 @@ MIGRATION_LOCK_KEY = 0x73617077_6F6F6400
 class PostgresTransactions(Transactions):
     """:class:`~sapwood.platform.storage.transactions.Transactions` for PostgreSQL."""
 
+    def statement_reads(self, conn: Connection) -> Connection:
+        """Autocommit (set on the driver connection, no round trip; reset when it returns to the pool):
+        a two-statement read saves the ``BEGIN`` and ``COMMIT`` round trips, and psycopg keeps its
+        prepared statements (it drops them on a rollback)."""
+        return conn.execution_options(isolation_level="AUTOCOMMIT")
+
     def snapshot(self, conn: Connection) -> Connection:
         return conn.execution_options(isolation_level="REPEATABLE READ")
 

@@ -10,6 +10,9 @@ from sapwood.platform.storage.transactions import Transactions
 class SQLiteTransactions(Transactions):
     """:class:`~sapwood.platform.storage.transactions.Transactions` for SQLite."""
 
+    def statement_reads(self, conn: Connection) -> Connection:
+        return conn
+
     def snapshot(self, conn: Connection) -> Connection:
         return conn
 
