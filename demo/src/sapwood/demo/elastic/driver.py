@@ -1,7 +1,7 @@
 """``sapwood demo --elastic``: the elastic runtime end to end on the CPU (local Ray, SQLite store).
 
 N cells (Ray actors) serve a key-recall task family whose rollout durations are long-tailed (each
-execution's per-token latency is scaled by a Pareto draw); executions play in their own actors; a
+execution's per-token latency is scaled by a Pareto draw); executions play on a few execution hosts; a
 learner trains CompactionRL + SAO steps on what the store holds and publishes each version; each tick
 a scheduler policy (``elastic``, ``colocate`` or the static ``async`` split) reads the signals and the
 runtime moves cells with the switch protocol. The same seeds run under each schedule.
@@ -44,7 +44,7 @@ from sapwood.rollout.torch_engine import LocalTorchEngine
 from sapwood.rollout.transports import InProcessTransport
 from sapwood.scheduler.policy import load_policy
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
-from sapwood.scheduler.signals import CellState, Signals
+from sapwood.scheduler.signals import CellState, Signals, queue_demand
 
 __all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule"]
 
@@ -71,6 +71,8 @@ class ElasticDemoConfig:
     train_step_cell_s: float = 1.5
     tick_s: float = 0.1
     grace_s: float = 0.05
+    hosts: int = 2
+    """Execution hosts (long-lived actors, each playing many executions)."""
     eval_executions: int = 64
     schedules: tuple[str, ...] = ("elastic", "async", "colocate")
     out_dir: Path | None = None
@@ -155,7 +157,8 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     learner = Learner(store, train_run, SAOTrainer(backend, lcfg), learner_id=f"{tag}-learner", checkpoint_dir=ckpt,
                       source_config=SourceConfig(jmax=dcfg.jmax, executions_per_batch=cfg.batch_size,
                                                  train_summaries=True, seed=cfg.seed))
-    pool = ExecutionPool(dcfg.task, rt.router, rt.writer, run_id=rollout_run, seed=cfg.seed)
+    pool = ExecutionPool(dcfg.task, rt.router, rt.writer, run_id=rollout_run, seed=cfg.seed, hosts=cfg.hosts)
+    pool.ready()  # the hosts start once, before the clock starts (like the cells)
     tasks = [KeyRecallEnv(dcfg.task).sample_task(np.random.default_rng([cfg.seed, 31, i]), task_id=f"task-{i}")
              for i in range(cfg.executions)]
     scales = _scales(cfg)
@@ -211,17 +214,18 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             done_rate = finished / now if now > 0 else 0.0
             durations = [o.finished_at - o.started_at for o in outcomes if o.finished_at > 0]
             costs = [sum(s["phases"].values()) for s in (_switch_json(r) for r in rt.coordinator.reports)]
+            queue = ray.get(rt.router.queue.remote())
+            cells = tuple(CellState(cell_id=c, tier=rt.specs[c].tier, capacity=cfg.capacity, role=rt.roles[c],
+                                    role_since_s=role_since[c], occupied=int(queue["occupied"].get(c, 0)))
+                          for c in ids)
             signals = Signals(
                 at_s=now, batch_size=cfg.batch_size, backlog_executions=backlog, in_flight=in_flight,
-                rollout_demand=len(pool.running) + max(min(admit - backlog - len(pool.running),
-                                                           len(tasks) - next_task), 0),
+                rollout_demand=queue_demand(int(queue["waiting"]), cells), rollout_waiting=int(queue["waiting"]),
                 train_active=active, train_remaining_cell_s=remaining if active else 0.0,
                 train_step_cell_s=cfg.train_step_cell_s,
                 rollout_p50_s=float(np.median(durations)) if durations else 0.0,
                 rollout_completions_per_s=done_rate, policy_version=training["steps"],
-                switch_cost_mean_s=float(np.mean(costs[-8:])) if costs else 0.0,
-                cells=tuple(CellState(cell_id=c, tier=rt.specs[c].tier, capacity=cfg.capacity, role=rt.roles[c],
-                                      role_since_s=role_since[c]) for c in ids))
+                switch_cost_mean_s=float(np.mean(costs[-8:])) if costs else 0.0, cells=cells)
             decision = policy.decide(signals, dict(rt.roles))
             for cid, (_, new) in sorted(decision.moves(dict(rt.roles)).items()):
                 if new == "train" and active:
@@ -244,6 +248,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
                               [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
                               final, backend.policy_version)
     finally:
+        pool.close()
         learner.close()
         rt.shutdown()
         store.close()
