@@ -29,6 +29,7 @@ import torch
 
 from sapwood.demo.config import DemoConfig
 from sapwood.demo.elastic.executions import ExecutionOutcome, ExecutionPool
+from sapwood.demo.elastic.workload import LongTailWorkload
 from sapwood.demo.phases import eval_tasks, evaluate, pretrained_policy
 from sapwood.demo.pretrain import PretrainConfig
 from sapwood.demo.tasks import KeyRecallEnv
@@ -66,8 +67,11 @@ class ElasticDemoConfig:
     batch_size: int = 8
     decode_delay_s: float = 0.01
     tail_alpha: float = 1.3
-    """Pareto shape of each execution's latency scale (smaller: longer tail), clipped to ``tail_cap``."""
+    """Pareto shape of each execution's length scale (smaller: longer tail), clipped to ``tail_cap``;
+    drawn per batch (:class:`~.workload.LongTailWorkload`: every batch has its tail)."""
     tail_cap: float = 12.0
+    staleness_bound: int = 1
+    """0 or 1: executions admitted at most ``batch_size × (1 + bound)`` ahead of training, every schedule."""
     train_step_cell_s: float = 1.5
     tick_s: float = 0.1
     grace_s: float = 0.05
@@ -80,6 +84,9 @@ class ElasticDemoConfig:
 
     critic_warmup_steps: int = 1
     """Critic-only steps before the first policy update (the rollout demo's 4 would leave a short run untrained)."""
+
+    def workload(self) -> LongTailWorkload:
+        return LongTailWorkload(self.batch_size, self.tail_alpha, self.tail_cap, self.staleness_bound)
 
     def demo_config(self) -> DemoConfig:
         return DemoConfig(seed=self.seed, eval_executions=self.eval_executions, pretrain=self.pretrain, plots=False,
@@ -121,8 +128,7 @@ class ScheduleResult:
 
 
 def _scales(cfg: ElasticDemoConfig) -> list[float]:
-    rng = np.random.default_rng([cfg.seed, 4099])
-    return [float(min(1.0 + rng.pareto(cfg.tail_alpha), cfg.tail_cap)) for _ in range(cfg.executions)]
+    return cfg.workload().scales(cfg.executions, cfg.seed)
 
 
 def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.Tensor], out_dir: Path,
@@ -141,7 +147,10 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         runs.create_run(conn, train_run, runs.ExecutionFilter(run_id=rollout_run), kind="live", seed=cfg.seed,
                         description=f"sapwood demo --elastic ({schedule})")
     store.apply([PolicyPublished(run_id=train_run, version=0, checkpoint=str(ckpt / "policy-v000000.pt"))])
-    policy = load_policy(schedule, **POLICY_ARGS.get(schedule, {}))
+    args = dict(POLICY_ARGS.get(schedule, {}))
+    if "staleness_bound" in args:
+        args["staleness_bound"] = cfg.staleness_bound
+    policy = load_policy(schedule, **args)
     ids = [f"cell-{i}" for i in range(cfg.cells)]
     first = policy.initial_assignment(ids)
     specs = [CellSpec(cid, capacity=cfg.capacity, role=first[cid], tier="core" if i == 0 else "satellite")
@@ -162,7 +171,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     tasks = [KeyRecallEnv(dcfg.task).sample_task(np.random.default_rng([cfg.seed, 31, i]), task_id=f"task-{i}")
              for i in range(cfg.executions)]
     scales = _scales(cfg)
-    max_staleness = int(getattr(policy, "max_staleness", 1) or 0)
+    max_staleness = cfg.workload().staleness_bound  # the same admission for every schedule
     outcomes: list[ExecutionOutcome] = []
     timeline: list[tuple[float, dict[str, str]]] = []
     rewards: list[float] = []
