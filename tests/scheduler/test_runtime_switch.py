@@ -195,6 +195,7 @@ def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type
         assert result.moves == {"c0": ("rollout", "idle")}
         assert ray.get(rt.cells["c0"].status.remote())["role"] == "idle"
         assert ray.get(rt.router.stats.remote())["roles"]["c0"] == "idle"
+        assert actuator.queue() == {"waiting": 0, "occupied": {"c1": 0}}, "the live signals' queue: c1 alone serves"
         assert {"drain", "grace"} <= rt.switch_phases("c0")
         assert [d["reason"] for d in rt.decisions("c0", "idle")] == ["test: park c0"]
         assert rt.cell_roles()["c0"] == "idle"
