@@ -236,7 +236,9 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
                 rollout_completions_per_s=done_rate, policy_version=training["steps"],
                 switch_cost_mean_s=float(np.mean(costs[-8:])) if costs else 0.0, cells=cells)
             decision = policy.decide(signals, dict(rt.roles))
-            for cid, (_, new) in sorted(decision.moves(dict(rt.roles)).items()):
+            # cells enter rollout before others leave it, so that a leaving cell's aborted calls have a target
+            moves = sorted(decision.moves(dict(rt.roles)).items(), key=lambda m: (m[1][1] != "rollout", m[0]))
+            for cid, (_, new) in moves:
                 if new == "train" and active:
                     continue  # a cell joins training at the next step (the step's cells are fixed when it starts)
                 rt.assign(cid, new, reason=decision.reasons.get(cid, ""), signals={"at_s": now, "backlog": backlog})
