@@ -1,8 +1,10 @@
 """A switch's weight load really changes what a cell serves: the newest published policy entering rollout, the
-core cell's parameters entering train (local Ray; fails if either load is skipped or does nothing)."""
+core cell's parameters entering train (local Ray; fails if either load is skipped or does nothing); and the last
+rollout cell leaving while a call is in flight (the call waits in the router's queue for the next rollout cell)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,35 @@ def test_no_published_policy_means_no_weight_load_sample() -> None:
         assert "weight_load" not in report.work
         assert set(report.phases) == {"activate"}
         assert report.total_s <= report.wall_s
+    finally:
+        for actor in [*cells.values(), router]:
+            ray.kill(actor)
+
+
+def test_the_last_rollout_cell_leaves_and_its_aborted_call_waits_for_the_next_one() -> None:
+    from sapwood.rollout.engines import SamplingParams
+
+    cells, router = _cells({"c0": "rollout", "c1": "idle"}, {"c0": 0, "c1": 0})
+    try:
+        coord = SwitchCoordinator(cells, {"c0": "rollout", "c1": "idle"}, router, None, grace_s=0.0)
+        ray.get(cells["c0"].pause.remote(after_tokens=2))
+        ref = router.generate.remote([1, 2, 3], {**SamplingParams(max_new_tokens=6, stop_token_ids=()).to_dict(),
+                                                 "session": "e"})
+        assert ray.get(cells["c0"].wait_held.remote(1, 120.0))
+        report = coord.switch("c0", "train")  # no other rollout cell: the call has no target
+        assert report.aborted_calls == 1
+        assert report.work["queued"] == 1
+        assert "kv_handoff" not in report.phases
+        deadline = time.monotonic() + 60.0  # the router takes the aborted answer and queues the call again
+        while ray.get(router.queue.remote())["waiting"] != 1:
+            assert time.monotonic() < deadline, "the call waits in the router's queue (demand)"
+            time.sleep(0.01)
+        coord.switch("c1", "rollout")
+        res = ray.get(ref)
+        assert res["status"] == "ok"
+        assert res["cell_id"] == "c1"
+        assert res["continued_tokens"] == 2
+        assert len(res["output_ids"]) == 6
     finally:
         for actor in [*cells.values(), router]:
             ray.kill(actor)

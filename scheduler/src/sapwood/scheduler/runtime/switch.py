@@ -12,7 +12,8 @@ Phases (each recorded as a ``switch_phase`` event with its duration by the
    :class:`CheaperHandoff` (the default) picks per call by the rule in its docstring.
 5. ``reroute`` — the aborted calls are released; the router continues each on its target (input ids +
    partial output, the remaining token budget); the phase ends when all were re-admitted and the
-   source has none left.
+   source has none left. A call with no target (no other rollout cell) waits in the router's queue
+   for the next cell that enters rollout (``work["queued"]``); the switch does not wait for it.
 6. ``weight_load`` — entering rollout: the newest published policy; entering train: the authoritative
    parameters of a core cell.
 7. ``activate`` — the cell and the router take the new role.
@@ -244,10 +245,15 @@ class SwitchCoordinator:
             rep.work["kv_handoff"] = len(targets)
             t = time.perf_counter()  # else the plan's RPC counts in the reroute
         ray.get(cell.release_aborted.remote())
-        ok = ray.get(self.router.wait_rerouted.remote(keys, self.reroute_timeout_s))
+        # a call with no target (no other rollout cell) waits in the router's queue, which the scheduler
+        # reads as demand; the switch does not wait for it
+        routed = [k for k in keys if k in targets]
+        ok = ray.get(self.router.wait_rerouted.remote(routed, self.reroute_timeout_s))
         if not ok:
-            raise RuntimeError(f"switch of {cell_id}: {len(keys)} aborted calls were not re-admitted within "
-                               f"{self.reroute_timeout_s} s (no other rollout cell with a free slot?)")
+            raise RuntimeError(f"switch of {cell_id}: {len(routed)} aborted calls were not re-admitted within "
+                               f"{self.reroute_timeout_s} s on their target cells")
         ray.get(cell.wait_idle.remote(self.reroute_timeout_s))
         rep.phases["reroute"] = time.perf_counter() - t
-        rep.work["reroute"] = len(keys)
+        rep.work["reroute"] = len(routed)
+        if len(routed) < len(keys):
+            rep.work["queued"] = len(keys) - len(routed)
