@@ -1,30 +1,16 @@
-"""A role switch with calls in flight, and cells or executions killed mid-run (local Ray, SQLite store)."""
+"""A role switch with calls in flight, cells or execution hosts killed mid-run, executions sharing a host (local
+Ray, SQLite store)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
 from sapwood.scheduler.runtime.cluster import CellSpec  # noqa: E402
-from tests.support.elastic_runtime import Background, start_runtime  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def _wait(cond, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+from tests.support.elastic_runtime import Background, local_ray, start_runtime  # noqa: E402, F401
 
 
 def _progress(bg: Background, eid: str) -> dict[str, int] | None:
@@ -33,10 +19,6 @@ def _progress(bg: Background, eid: str) -> dict[str, int] | None:
         return ray.get(bg.hosts_of[eid].progress.remote(eid))
     except ray.exceptions.RayActorError:
         return None
-
-
-def _in_flight(rt, cell_id: str) -> int:  # type: ignore[no-untyped-def]
-    return int(ray.get(rt.cells[cell_id].status.remote())["in_flight"])
 
 
 def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -84,10 +66,11 @@ def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None
 
 
 def test_killed_cell_calls_are_reissued_and_no_execution_is_lost(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.03)
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.01)
     try:
+        ray.get(rt.cells["c0"].pause.remote())  # c0 holds its calls: the kill always meets a call in flight
         bg = Background(rt, n=3, concurrency=3)
-        _wait(lambda: _in_flight(rt, "c0") > 0, what="calls in flight on c0")
+        assert ray.get(rt.cells["c0"].wait_held.remote(1, 300.0)), "no call reached c0"
         ray.kill(rt.cells["c0"])
         outcomes = bg.join()
         stats = ray.get(rt.router.stats.remote())
