@@ -176,3 +176,28 @@ def test_roles_and_capacity_are_checked() -> None:
 def test_params_travel_as_dicts() -> None:
     sp = SamplingParams(temperature=0.5, max_new_tokens=3, stop_token_ids=(7,))
     assert params_from_dict(sp.to_dict()) == sp
+
+
+def test_a_paused_cell_holds_its_calls_in_flight_until_resume_or_abort() -> None:
+    cell = make_cell(capacity=2)
+    cell.pause(after_tokens=2)
+    held = InThread(cell, "a", SamplingParams(max_new_tokens=20, stop_token_ids=()).to_dict())
+    assert cell.wait_held(1, 60.0)
+    assert cell.status()["in_flight"] == 1
+    assert cell.status()["held"] == 1
+    cell.resume()
+    res = held.join()
+    assert res["status"] == "ok"
+    assert len(res["output_ids"]) == 20
+    cell.pause(after_tokens=3)
+    call = InThread(cell, "b", SamplingParams(max_new_tokens=20, stop_token_ids=()).to_dict())
+    assert cell.wait_held(1, 60.0)
+    cell.drain()
+    [(_, _, ids)] = cell.abort_inflight()
+    cell.release_aborted()
+    res = call.join()
+    assert res["status"] == "aborted", "an abort ends the hold"
+    assert ids == IDS + res["output_ids"].tolist()
+    assert len(res["output_ids"]) == 3
+    with pytest.raises(ValueError, match="after_tokens must be ≥ 1"):
+        cell.pause(after_tokens=0)

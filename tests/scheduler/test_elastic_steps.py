@@ -43,6 +43,9 @@ def test_rollout_target_is_the_demand_with_hysteresis_in_cells_at_the_boundary()
     assert p.rollout_target(tick(p, ["rollout"] * 6, rollout_demand=7)) == 2
     assert p.rollout_target(tick(p, ["rollout"] * 6, rollout_demand=8)) == 3
     assert p.rollout_target(tick(p, ["rollout"] * 6, rollout_demand=0)) == 0
+    assert p.rollout_target(tick(p, ["rollout"] * 6, rollout_demand=0, in_flight=3)) == 1, (
+        "executions between two calls hold no slot but keep one rollout cell")
+    assert p.rollout_target(tick(p, ["rollout"] * 6, rollout_demand=0, in_flight=3, backlog_executions=BATCH)) == 1
     assert p.rollout_target(tick(p, ["rollout"] * 6, rollout_demand=1000)) == 6, "capped by the live cells"
 
 

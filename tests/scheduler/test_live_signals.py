@@ -12,7 +12,14 @@ import sqlalchemy as sa
 from sapwood.platform import runs
 from sapwood.platform import schema as t
 from sapwood.platform.codec import encode, peek_key
-from sapwood.platform.events import CellHeartbeat, CellRegistered, ExecutionFinished, ModelCall, PolicyPublished
+from sapwood.platform.events import (
+    CellHeartbeat,
+    CellRegistered,
+    ExecutionFinished,
+    ModelCall,
+    PolicyPublished,
+    RoleAssigned,
+)
 from sapwood.platform.store import Store
 from sapwood.scheduler.live_signals import KafkaLag, LiveSignalReader
 from sapwood.scheduler.metrics import SchedulerMetrics
@@ -111,7 +118,14 @@ def test_backlog_counts_finished_unclaimed_executions_and_tokens(pg_url: str) ->
     assert {c.cell_id: c.lost for c in s.cells} == {"a": False, "b": True}
     assert s.backlog_executions == 4
     assert s.in_flight == 1
-    assert s.rollout_demand == 1
+    assert s.rollout_demand == 1, "without a router: the running executions"
+    # with the router's queue: waiting calls + occupied slots of live rollout cells (b is lost)
+    store.apply([RoleAssigned(cell_id=c, role="rollout", created_at=now - 50) for c in ("a", "b")])
+    q = LiveSignalReader(store.engine, batch_size=4, lost_after_s=30,
+                         queue=lambda: {"waiting": 3, "occupied": {"a": 2, "b": 1}}).read(now)
+    assert {c.cell_id: c.occupied for c in q.cells} == {"a": 2, "b": 1}
+    assert q.rollout_waiting == 3
+    assert q.rollout_demand == 3 + 2
     store.close()
 
 

@@ -222,3 +222,27 @@ def test_reroute_plans_spread_aborted_calls_over_the_least_loaded_other_cells() 
     assert not run(router.wait_rerouted(["k1"], timeout_s=0.0))
     router.pending_reroute.discard("k1")
     assert run(router.wait_rerouted(["k1"], timeout_s=0.0))
+
+
+def test_the_queue_counts_calls_waiting_for_a_slot_and_occupied_slots() -> None:
+    router = Router()
+    router.add_cell("a", FakeCell("a"), 1, "rollout")
+    router.add_cell("b", FakeCell("b"), 2, "train")
+    router.load["a"] = 1  # a's one slot is in use: new calls wait
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        waiting = [asyncio.ensure_future(router.generate([i], {})) for i in range(3)]
+        for _ in range(1000):  # the three calls reach the router's wait for a slot within a few loop turns
+            if router.waiting >= 3:
+                break
+            await asyncio.sleep(0)
+        seen["full"] = router.queue()
+        router.load["a"] = 0
+        router._changed.set()
+        await asyncio.gather(*waiting)
+        seen["drained"] = router.queue()
+
+    run(scenario())
+    assert seen["full"] == {"waiting": 3, "occupied": {"a": 1}}, "a train cell's slots are no rollout occupancy"
+    assert seen["drained"] == {"waiting": 0, "occupied": {"a": 0}}

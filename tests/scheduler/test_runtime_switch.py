@@ -1,64 +1,42 @@
-"""A role switch with calls in flight, and cells or executions killed mid-run (local Ray, SQLite store)."""
+"""A role switch with calls in flight, cells or execution hosts killed mid-run, executions sharing a host (local
+Ray, SQLite store)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
 from sapwood.scheduler.runtime.cluster import CellSpec  # noqa: E402
-from tests.support.elastic_runtime import Background, start_runtime  # noqa: E402
+from tests.support.elastic_runtime import Background, local_ray, start_runtime  # noqa: E402, F401
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def _wait(cond, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def _progress(actor) -> dict[str, int] | None:  # type: ignore[no-untyped-def]
-    """An execution actor's progress, or None once it has ended (the pool kills a finished execution's actor)."""
+def _progress(bg: Background, eid: str) -> dict[str, int] | None:
+    """An execution's progress, or None once it has ended (or its host is gone)."""
     try:
-        return dict(ray.get(actor.progress.remote()))
+        return ray.get(bg.hosts_of[eid].progress.remote(eid))
     except ray.exceptions.RayActorError:
         return None
 
 
-def _calling_or_ended(bg: Background, n: int) -> bool:
-    """All ``n`` executions started, and each has made an engine call or has already ended (a loaded machine
-    starts actor processes slowly: the first execution may finish before the last one's process is up)."""
-    if len(bg.actors) < n:
-        return False
-    states = [_progress(a) for a in list(bg.actors.values())]
-    return all(s is None or s["calls"] > 0 for s in states)
-
-
-def _in_flight(rt, cell_id: str) -> int:  # type: ignore[no-untyped-def]
-    return int(ray.get(rt.cells[cell_id].status.remote())["in_flight"])
-
-
 def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # 0.15 s per token keeps a call in flight long enough to be caught by the switch (abort, not grace)
-    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.15)
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.01)
     try:
+        # c0 holds its calls after their first token, so the switch's abort always meets a live call
+        ray.get(rt.cells["c0"].pause.remote())
         bg = Background(rt, n=4, concurrency=4)
-        _wait(lambda: _calling_or_ended(bg, 4), what="four executions calling (or ended)")
-        _wait(lambda: _in_flight(rt, "c0") > 0, what="calls in flight on c0")
-        before = {eid: p for eid, a in list(bg.actors.items()) if (p := _progress(a)) is not None}
+        assert ray.get(rt.cells["c0"].wait_held.remote(1, 300.0)), "no call reached c0"
+        before = {eid: p for eid in list(bg.hosts_of) if (p := _progress(bg, eid)) is not None}
         report = rt.assign("c0", "train", reason="test")
+        ray.get(rt.cells["c0"].resume.remote())
         assert report.aborted_calls >= 1, report
-        assert {"drain", "grace", "abort", "kv_handoff", "reroute", "weight_load"} <= set(report.phases)
+        assert report.work["abort"] == report.work["reroute"] == report.aborted_calls
+        assert report.work["kv_handoff"] == report.aborted_calls, "each aborted call had c1 as its target"
+        assert {"drain", "grace", "abort", "kv_handoff", "reroute", "activate"} <= set(report.phases)
+        assert "weight_load" not in report.phases, "no core cell trains: nothing to load, so no phase sample"
+        assert report.total_s <= report.wall_s
         outcomes = bg.join()
         stats = ray.get(rt.router.stats.remote())
         assert stats["aborted"] >= report.aborted_calls
@@ -88,10 +66,11 @@ def test_switch_with_calls_in_flight_loses_and_duplicates_none(tmp_path) -> None
 
 
 def test_killed_cell_calls_are_reissued_and_no_execution_is_lost(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.03)
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)], decode_delay_s=0.01)
     try:
+        ray.get(rt.cells["c0"].pause.remote())  # c0 holds its calls: the kill always meets a call in flight
         bg = Background(rt, n=3, concurrency=3)
-        _wait(lambda: _in_flight(rt, "c0") > 0, what="calls in flight on c0")
+        assert ray.get(rt.cells["c0"].wait_held.remote(1, 300.0)), "no call reached c0"
         ray.kill(rt.cells["c0"])
         outcomes = bg.join()
         stats = ray.get(rt.router.stats.remote())
@@ -106,34 +85,58 @@ def test_killed_cell_calls_are_reissued_and_no_execution_is_lost(tmp_path) -> No
         rt.shutdown()
 
 
-def test_killed_execution_actor_ends_as_error_with_reason(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # 0.1 s per token: an execution that has just made its first call is seconds away from its end
-    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2)], decode_delay_s=0.1)
+def test_killed_execution_host_ends_its_executions_as_error_with_reason(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=2)], decode_delay_s=0.01)
     try:
-        bg = Background(rt, n=2, concurrency=2)
-        victims: list[str] = []
-
-        def one_calling() -> bool:  # the victim: an execution that is alive, has called, and is far from its end
-            for eid, actor in sorted(bg.actors.items()):
-                p = _progress(actor)
-                if p is not None and p["calls"] > 0 and p["steps"] <= 2:
-                    victims.append(eid)
-                    return True
-            return False
-
-        _wait(one_calling, what="an execution calling in its first steps")
-        victim = victims[0]
-        ray.kill(bg.actors[victim])
+        ray.get(rt.cells["c0"].pause.remote())  # both executions' first calls are held on c0
+        bg = Background(rt, n=2, concurrency=2, hosts=2)
+        assert ray.get(rt.cells["c0"].wait_held.remote(2, 300.0)), "both executions calling"
+        victim, other = sorted(bg.hosts_of)
+        assert bg.hosts_of[victim] != bg.hosts_of[other], "one execution per host"
+        ray.kill(bg.hosts_of[victim])
+        ray.get(rt.cells["c0"].resume.remote())
         outcomes = {o.execution_id: o for o in bg.join()}
         assert outcomes[victim].status == "error"
-        assert "execution actor lost" in outcomes[victim].message
-        other = next(e for e in outcomes if e != victim)
+        assert "execution host lost" in outcomes[victim].message
         assert outcomes[other].status in ("success", "timeout")
         rows = rt.executions()
         assert rows[victim].status == "error"
-        assert "execution actor lost" in rows[victim].message
+        assert "execution host lost" in rows[victim].message
         assert rows[other].status in ("success", "timeout")
     finally:
+        rt.shutdown()
+
+
+def test_many_executions_share_one_host_process_that_never_imports_torch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from sapwood.demo.elastic.executions import ExecutionPool
+    from tests.support.elastic_runtime import TASK, tasks
+
+    rt = start_runtime(tmp_path, [CellSpec("c0", capacity=4)], decode_delay_s=0.01)
+    pool = ExecutionPool(TASK, rt.router, rt.writer, run_id="run", seed=0, hosts=1, event_batch=16)
+    try:
+        [up] = pool.ready()
+        assert up["torch_imported"] is False
+        ray.get(rt.cells["c0"].pause.remote())  # 4 executions' calls held at once: all 4 play concurrently
+        for t in tasks(6):
+            pool.start(t)
+        assert ray.get(rt.cells["c0"].wait_held.remote(4, 300.0))
+        ray.get(rt.cells["c0"].resume.remote())
+        outcomes = []
+        while pool.running:
+            outcomes += pool.poll()
+        info = ray.get(pool.hosts[0].info.remote())
+        assert info["pid"] == up["pid"], "the same process played them all"
+        assert info["played"] == 6
+        assert info["most_at_once"] >= 4
+        assert info["torch_imported"] is False, "no torch in a host, after six executions"
+        assert {o.host_id for o in outcomes} == {"h0"}
+        assert [o.status in ("success", "timeout") for o in outcomes] == [True] * 6
+        in_store = rt.call_counts()
+        for o in outcomes:
+            assert in_store[o.execution_id].calls == o.calls
+            assert 1 <= o.event_rpcs < in_store[o.execution_id].calls + 2, "events went in batches, not one RPC each"
+    finally:
+        pool.close()
         rt.shutdown()
 
 
@@ -175,6 +178,7 @@ def test_ray_actuator_moves_a_cell_from_the_live_loop(tmp_path) -> None:  # type
         assert result.moves == {"c0": ("rollout", "idle")}
         assert ray.get(rt.cells["c0"].status.remote())["role"] == "idle"
         assert ray.get(rt.router.stats.remote())["roles"]["c0"] == "idle"
+        assert actuator.queue() == {"waiting": 0, "occupied": {"c1": 0}}, "the live signals' queue: c1 alone serves"
         assert {"drain", "grace"} <= rt.switch_phases("c0")
         assert [d["reason"] for d in rt.decisions("c0", "idle")] == ["test: park c0"]
         assert rt.cell_roles()["c0"] == "idle"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from sapwood.demo.elastic.executions import ExecutionOutcome, run_executions
@@ -15,6 +17,16 @@ from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime
 
 TASK = KeyRecallConfig(min_key=4, max_key=6, max_turns=10, context_limit=48, max_summary_tokens=7, fork_prob=0.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Iterator[None]:
+    """One local Ray (2 CPUs) per test module that imports this fixture."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 def model_config() -> TinyTransformerConfig:
@@ -41,17 +53,19 @@ def start_runtime(tmp_path: Path, specs: list[CellSpec], *, decode_delay_s: floa
 
 
 class Background:
-    """``run_executions`` in a thread; ``actors`` fills as executions start."""
+    """``run_executions`` in a thread on ``hosts`` execution hosts; ``hosts_of`` (execution id → its host)
+    fills as executions start."""
 
-    def __init__(self, rt: ElasticRuntime, n: int, concurrency: int, run_id: str = "run") -> None:
-        self.actors: dict[str, Any] = {}
+    def __init__(self, rt: ElasticRuntime, n: int, concurrency: int, run_id: str = "run", hosts: int = 2) -> None:
+        self.hosts_of: dict[str, Any] = {}
         self.outcomes: list[ExecutionOutcome] = []
         self.error: BaseException | None = None
 
         def target() -> None:
             try:
                 self.outcomes = run_executions(tasks(n), TASK, rt.router, rt.writer, run_id=run_id, seed=0,
-                                               concurrency=concurrency, on_started=self.actors.__setitem__)
+                                               concurrency=concurrency, hosts=hosts,
+                                               on_started=self.hosts_of.__setitem__)
             except BaseException as exc:
                 self.error = exc
 

@@ -76,6 +76,7 @@ def run(
             act = RayActuator.connect(ray_prefix, address=ray_address, policy_source=source)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
+        reader.queue = act.queue  # rollout demand from the router's queue lag
     loop = SchedulerLoop(reader.read, pol, sink, act, metrics)
     try:
         loop.run(tick_s, ticks, stop.is_set)

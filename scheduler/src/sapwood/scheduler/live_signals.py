@@ -22,15 +22,17 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from sapwood.platform.storage.backends import offset_store
 from sapwood.platform.storage.scheduler_signals import LiveRuns, StoreSignals, read_snapshot
-from sapwood.scheduler.signals import CellState, PartitionLag, RunBacklog, Signals
+from sapwood.scheduler.signals import CellState, PartitionLag, RunBacklog, Signals, queue_demand
 
 
 class KafkaLag:
@@ -94,6 +96,9 @@ class LiveSignalReader:
     window_s: float = 600.0
     lost_after_s: float = 30.0
     lag_refresh_s: float = 1.0
+    queue: Callable[[], Mapping[str, Any]] | None = None
+    """The router's queue lag (``Router.queue``: ``{"waiting", "occupied": {cell: slots}}``); when given,
+    ``rollout_demand`` is waiting calls + occupied slots, else the running executions."""
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _ends: dict[int, int] | None = field(default=None, init=False, repr=False)
     _asking: Future[dict[int, int]] | None = field(default=None, init=False, repr=False)
@@ -145,12 +150,18 @@ class LiveSignalReader:
         cells = tuple(CellState(c.cell_id, c.tier, c.capacity, c.role, c.role_since, c.last_heartbeat_at,
                                 now - c.last_heartbeat_at > self.lost_after_s) for c in snap.cells)
         age = now - snap.oldest_running_started_at if snap.oldest_running_started_at is not None else 0.0
+        demand, waiting = snap.in_flight, 0
+        if self.queue is not None:
+            q = self.queue()
+            waiting = int(q["waiting"])
+            cells = tuple(replace(c, occupied=int(q["occupied"].get(c.cell_id, 0))) for c in cells)
+            demand = queue_demand(waiting, cells)
         w = self.window_s
         return Signals(
             at_s=now, cells=cells, batch_size=self.batch_size,
             backlog_executions=sum(r.executions for r in runs), backlog_tokens=sum(r.tokens for r in runs),
             backlog_by_run=runs, ingest_lag=lags, in_flight=snap.in_flight, in_flight_oldest_age_s=age,
-            rollout_demand=snap.in_flight, train_active=snap.claimed_live > 0,
+            rollout_demand=demand, rollout_waiting=waiting, train_active=snap.claimed_live > 0,
             train_step_cell_s=self.train_step_cell_s, rollout_p50_s=snap.p50_duration_s,
             rollout_completions_per_s=snap.completions / w, rollout_tokens_per_s=snap.completed_tokens / w,
             learner_tokens_per_s=snap.trained_tokens / w, staleness_max=stale,

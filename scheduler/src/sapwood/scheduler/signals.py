@@ -8,7 +8,7 @@ remaining duration appears here). Times are seconds, token counts are integers.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from sapwood.platform.events.cells import CellRole, CellTier
@@ -19,7 +19,8 @@ class CellState:
     """One cell as the scheduler knows it.
 
     ``capacity`` is the number of concurrent rollouts the cell serves in the rollout role (its KV-cache
-    budget); ``role_since_s`` is when it last took its role (drives the minimum dwell);
+    budget); ``occupied`` how many of those slots are in use now; ``role_since_s`` is when it last took
+    its role (drives the minimum dwell);
     ``switching`` is True while a role switch is in progress (such a cell is never moved again).
     """
 
@@ -31,6 +32,7 @@ class CellState:
     last_heartbeat_s: float = 0.0
     lost: bool = False
     switching: bool = False
+    occupied: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,13 @@ class RunBacklog:
 class Signals:
     """One tick's snapshot.
 
-    ``rollout_demand`` counts rollouts that want a slot now: running + paused + admitted-but-unstarted
-    (for the live loop: running + pending executions). ``train_active`` tells whether a training step is
+    ``rollout_demand`` counts rollouts that want a slot now, from queue lag: the calls waiting for a slot
+    (``rollout_waiting``) plus the slots occupied on rollout cells (:func:`queue_demand`; the runtime reads
+    both from its router; the simulator's paused and admitted-but-unstarted rollouts are its waiting
+    calls, its running ones the occupied slots). Where only the store is known (the live loop without a
+    router) it is the running executions. ``ingest_lag`` is the Kafka lag where the data path runs
+    through Kafka; ``backlog_executions`` the learner's backlog of finished executions.
+    ``train_active`` tells whether a training step is
     in progress and ``train_remaining_cell_s`` its estimated remaining cost in cell-seconds;
     ``train_step_cell_s`` is the (rolling) cost of one step in cell-seconds. ``staleness_max`` is the
     largest policy-version lag of the finished-but-untrained backlog. ``switch_cost_mean_s`` is the
@@ -78,6 +85,7 @@ class Signals:
     in_flight: int = 0
     in_flight_oldest_age_s: float = 0.0
     rollout_demand: int = 0
+    rollout_waiting: int = 0
     train_active: bool = False
     train_remaining_cell_s: float = 0.0
     train_step_cell_s: float = 0.0
@@ -94,6 +102,9 @@ class Signals:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"Signals.batch_size must be ≥ 1, got {self.batch_size}")
+        for name in ("rollout_demand", "rollout_waiting"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Signals.{name} must be ≥ 0, got {getattr(self, name)}")
         for name in ("at_s", "train_remaining_cell_s", "train_step_cell_s", "switch_cost_mean_s", "rollout_p50_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -118,3 +129,10 @@ class Signals:
         out["extra"] = dict(self.extra)
         out["ingest_lag_total"] = self.ingest_lag_total
         return out
+
+
+def queue_demand(waiting: int, cells: Iterable[CellState]) -> int:
+    """Rollout demand from queue lag: ``waiting`` calls plus the occupied slots of the live rollout cells."""
+    if waiting < 0:
+        raise ValueError(f"waiting calls must be ≥ 0, got {waiting}")
+    return waiting + sum(max(c.occupied, 0) for c in cells if c.role == "rollout" and not c.lost)

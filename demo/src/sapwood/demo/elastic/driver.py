@@ -1,7 +1,7 @@
 """``sapwood demo --elastic``: the elastic runtime end to end on the CPU (local Ray, SQLite store).
 
 N cells (Ray actors) serve a key-recall task family whose rollout durations are long-tailed (each
-execution's per-token latency is scaled by a Pareto draw); executions play in their own actors; a
+execution's per-token latency is scaled by a Pareto draw); executions play on a few execution hosts; a
 learner trains CompactionRL + SAO steps on what the store holds and publishes each version; each tick
 a scheduler policy (``elastic``, ``colocate`` or the static ``async`` split) reads the signals and the
 runtime moves cells with the switch protocol. The same seeds run under each schedule.
@@ -29,6 +29,7 @@ import torch
 
 from sapwood.demo.config import DemoConfig
 from sapwood.demo.elastic.executions import ExecutionOutcome, ExecutionPool
+from sapwood.demo.elastic.workload import LongTailWorkload
 from sapwood.demo.phases import eval_tasks, evaluate, pretrained_policy
 from sapwood.demo.pretrain import PretrainConfig
 from sapwood.demo.tasks import KeyRecallEnv
@@ -45,7 +46,7 @@ from sapwood.rollout.torch_engine import LocalTorchEngine
 from sapwood.rollout.transports import InProcessTransport
 from sapwood.scheduler.policy import load_policy
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
-from sapwood.scheduler.signals import CellState, Signals
+from sapwood.scheduler.signals import CellState, Signals, queue_demand
 
 __all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule"]
 
@@ -67,11 +68,16 @@ class ElasticDemoConfig:
     batch_size: int = 8
     decode_delay_s: float = 0.01
     tail_alpha: float = 1.3
-    """Pareto shape of each execution's latency scale (smaller: longer tail), clipped to ``tail_cap``."""
+    """Pareto shape of each execution's length scale (smaller: longer tail), clipped to ``tail_cap``;
+    drawn per batch (:class:`~.workload.LongTailWorkload`: every batch has its tail)."""
     tail_cap: float = 12.0
+    staleness_bound: int = 1
+    """0 or 1: executions admitted at most ``batch_size × (1 + bound)`` ahead of training, every schedule."""
     train_step_cell_s: float = 1.5
     tick_s: float = 0.1
     grace_s: float = 0.05
+    hosts: int = 2
+    """Execution hosts (long-lived actors, each playing many executions)."""
     eval_executions: int = 64
     schedules: tuple[str, ...] = ("elastic", "async", "colocate")
     out_dir: Path | None = None
@@ -79,6 +85,9 @@ class ElasticDemoConfig:
 
     critic_warmup_steps: int = 1
     """Critic-only steps before the first policy update (the rollout demo's 4 would leave a short run untrained)."""
+
+    def workload(self) -> LongTailWorkload:
+        return LongTailWorkload(self.batch_size, self.tail_alpha, self.tail_cap, self.staleness_bound)
 
     def demo_config(self) -> DemoConfig:
         return DemoConfig(seed=self.seed, eval_executions=self.eval_executions, pretrain=self.pretrain, plots=False,
@@ -120,8 +129,7 @@ class ScheduleResult:
 
 
 def _scales(cfg: ElasticDemoConfig) -> list[float]:
-    rng = np.random.default_rng([cfg.seed, 4099])
-    return [float(min(1.0 + rng.pareto(cfg.tail_alpha), cfg.tail_cap)) for _ in range(cfg.executions)]
+    return cfg.workload().scales(cfg.executions, cfg.seed)
 
 
 def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.Tensor], out_dir: Path,
@@ -140,7 +148,10 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         runs.create_run(conn, train_run, runs.ExecutionFilter(run_id=rollout_run), kind="live", seed=cfg.seed,
                         description=f"sapwood demo --elastic ({schedule})")
     store.apply([PolicyPublished(run_id=train_run, version=0, checkpoint=str(ckpt / "policy-v000000.pt"))])
-    policy = load_policy(schedule, **POLICY_ARGS.get(schedule, {}))
+    args = dict(POLICY_ARGS.get(schedule, {}))
+    if "staleness_bound" in args:
+        args["staleness_bound"] = cfg.staleness_bound
+    policy = load_policy(schedule, **args)
     ids = [f"cell-{i}" for i in range(cfg.cells)]
     first = policy.initial_assignment(ids)
     specs = [CellSpec(cid, capacity=cfg.capacity, role=first[cid], tier="core" if i == 0 else "satellite")
@@ -156,11 +167,12 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     learner = Learner(store, train_run, SAOTrainer(backend, lcfg), learner_id=f"{tag}-learner", checkpoint_dir=ckpt,
                       source_config=SourceConfig(jmax=dcfg.jmax, executions_per_batch=cfg.batch_size,
                                                  train_summaries=True, seed=cfg.seed))
-    pool = ExecutionPool(dcfg.task, rt.router, rt.writer, run_id=rollout_run, seed=cfg.seed)
+    pool = ExecutionPool(dcfg.task, rt.router, rt.writer, run_id=rollout_run, seed=cfg.seed, hosts=cfg.hosts)
+    pool.ready()  # the hosts start once, before the clock starts (like the cells)
     tasks = [KeyRecallEnv(dcfg.task).sample_task(np.random.default_rng([cfg.seed, 31, i]), task_id=f"task-{i}")
              for i in range(cfg.executions)]
     scales = _scales(cfg)
-    max_staleness = int(getattr(policy, "max_staleness", 1) or 0)
+    max_staleness = cfg.workload().staleness_bound  # the same admission for every schedule
     outcomes: list[ExecutionOutcome] = []
     timeline: list[tuple[float, dict[str, str]]] = []
     rewards: list[float] = []
@@ -212,19 +224,22 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             done_rate = finished / now if now > 0 else 0.0
             durations = [o.finished_at - o.started_at for o in outcomes if o.finished_at > 0]
             costs = [sum(s["phases"].values()) for s in (_switch_json(r) for r in rt.coordinator.reports)]
+            queue = ray.get(rt.router.queue.remote())
+            cells = tuple(CellState(cell_id=c, tier=rt.specs[c].tier, capacity=cfg.capacity, role=rt.roles[c],
+                                    role_since_s=role_since[c], occupied=int(queue["occupied"].get(c, 0)))
+                          for c in ids)
             signals = Signals(
                 at_s=now, batch_size=cfg.batch_size, backlog_executions=backlog, in_flight=in_flight,
-                rollout_demand=len(pool.running) + max(min(admit - backlog - len(pool.running),
-                                                           len(tasks) - next_task), 0),
+                rollout_demand=queue_demand(int(queue["waiting"]), cells), rollout_waiting=int(queue["waiting"]),
                 train_active=active, train_remaining_cell_s=remaining if active else 0.0,
                 train_step_cell_s=cfg.train_step_cell_s,
                 rollout_p50_s=float(np.median(durations)) if durations else 0.0,
                 rollout_completions_per_s=done_rate, policy_version=training["steps"],
-                switch_cost_mean_s=float(np.mean(costs[-8:])) if costs else 0.0,
-                cells=tuple(CellState(cell_id=c, tier=rt.specs[c].tier, capacity=cfg.capacity, role=rt.roles[c],
-                                      role_since_s=role_since[c]) for c in ids))
+                switch_cost_mean_s=float(np.mean(costs[-8:])) if costs else 0.0, cells=cells)
             decision = policy.decide(signals, dict(rt.roles))
-            for cid, (_, new) in sorted(decision.moves(dict(rt.roles)).items()):
+            # cells enter rollout before others leave it, so that a leaving cell's aborted calls have a target
+            moves = sorted(decision.moves(dict(rt.roles)).items(), key=lambda m: (m[1][1] != "rollout", m[0]))
+            for cid, (_, new) in moves:
                 if new == "train" and active:
                     continue  # a cell joins training at the next step (the step's cells are fixed when it starts)
                 rt.assign(cid, new, reason=decision.reasons.get(cid, ""), signals={"at_s": now, "backlog": backlog})
@@ -245,6 +260,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
                               [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
                               final, backend.policy_version)
     finally:
+        pool.close()
         learner.close()
         rt.shutdown()
         store.close()

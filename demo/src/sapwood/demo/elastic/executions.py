@@ -1,20 +1,28 @@
-"""Executions in their own actors: the agent loop and its environment never live in a cell.
+"""Executions on execution hosts: the agent loops and their environments never live in a cell.
 
-:class:`ExecutionActor` plays one key-recall execution with the ordinary
-:func:`~sapwood.demo.worker.run_execution`, through a :class:`RoutedEngine` whose calls go to the
-:class:`~sapwood.scheduler.runtime.router.Router`; events go to the store through the
-:class:`~sapwood.scheduler.runtime.store_writer.RayStoreTransport`. A role switch of any cell only
-moves where the next engine call runs: the environment's state (its step counter) carries on.
+An :class:`ExecutionHost` is a long-lived actor (a few per run, started once) that plays many
+key-recall executions at once, each a :class:`HostedExecution`: the ordinary
+:func:`~sapwood.demo.worker.run_execution` through a :class:`RoutedEngine` whose calls go to the
+:class:`~sapwood.scheduler.runtime.router.Router`, events batched to the store through the
+:class:`~sapwood.scheduler.runtime.store_writer.RayStoreTransport`. No torch is imported in a host
+(the model runs in the cells), so a host starts in a fraction of a cell's start-up, and no
+execution pays a process start. A role switch of any cell only moves where the next engine call
+runs: the environment's state (its step counter) carries on.
 
-:func:`run_executions` starts actors and collects their reports; an actor that dies makes its
-execution end as ``error`` with the reason (recorded by the store writer), never silently missing.
+:class:`ExecutionPool` spreads executions over its hosts and collects their reports; a host that
+dies makes each of its executions end as ``error`` with the reason (recorded by the store writer),
+never silently missing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,7 +37,8 @@ from sapwood.rollout.recorder import ExecutionRecorder, Recorder
 from sapwood.scheduler.runtime.call_digest import input_digest
 from sapwood.scheduler.runtime.store_writer import RayStoreTransport
 
-__all__ = ["CountingEnv", "ExecutionActor", "ExecutionOutcome", "ExecutionPool", "RoutedEngine", "run_executions"]
+__all__ = ["CountingEnv", "ExecutionHost", "ExecutionOutcome", "ExecutionPool", "HostedExecution", "RoutedEngine",
+           "run_executions"]
 
 
 class CountingEnv(KeyRecallEnv):
@@ -116,19 +125,21 @@ class ExecutionOutcome:
     started_at: float = 0.0
     finished_at: float = 0.0
     cells: dict[str, int] | None = None
+    event_rpcs: int = 0
+    host_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
-class ExecutionActor:
-    """Owns one execution: its environment, agent loop and recorder (start it with ``max_concurrency=2``
-    so :meth:`progress` answers while :meth:`play` runs)."""
+class HostedExecution:
+    """One execution inside a host: its environment, agent loop (the ordinary :func:`run_execution`),
+    routed engine and recorder (events batched ``event_batch`` to one store-writer RPC)."""
 
     def __init__(self, execution_id: str, task: KeyTask, task_config: KeyRecallConfig, router: Any, writer: Any,
                  *, run_id: str, seed: int, temperature: float = 1.0, fork: bool | None = False,
-                 metadata: dict[str, Any] | None = None, decode_scale: float = 1.0) -> None:
+                 metadata: dict[str, Any] | None = None, decode_scale: float = 1.0, event_batch: int = 32,
+                 task_family: str = "key-recall") -> None:
         self.execution_id, self.task, self.seed = execution_id, task, seed
         self.env = CountingEnv(task_config)
         self.calls = 0
@@ -136,9 +147,9 @@ class ExecutionActor:
         self.cells: dict[str, int] = {}
         self.engine = RoutedEngine(router, on_call=self._on_call, decode_scale=decode_scale,
                                    session=execution_id)
-        self.recorder = _NamedRecorder(RayStoreTransport(writer, execution_id=execution_id), run_id=run_id,
-                                       engine=self.engine.name, vocab_size=task_config.vocab_size,
-                                       task_family="key-recall")
+        self.transport = RayStoreTransport(writer, execution_id=execution_id, batch_size=event_batch)
+        self.recorder = _NamedRecorder(self.transport, run_id=run_id, engine=self.engine.name,
+                                       vocab_size=task_config.vocab_size, task_family=task_family)
         self.recorder.execution_id = execution_id
         self.temperature, self.fork = temperature, fork
         self.metadata = dict(metadata or {})
@@ -163,37 +174,97 @@ class ExecutionActor:
         self.recorder.flush()
         return ExecutionOutcome(self.execution_id, self.task.task_id, status, reward, self.env.steps,
                                 self.env.resets, self.calls, self.rerouted, message, t0, time.time(),
-                                dict(self.cells)).to_json()
+                                dict(self.cells), self.transport.rpcs).to_json()
 
     def progress(self) -> dict[str, int]:
-        """Environment steps and resets, engine calls so far (callable while :meth:`play` runs)."""
         return {"steps": self.env.steps, "resets": self.env.resets, "calls": self.calls}
 
 
-class ExecutionPool:
-    """Starts execution actors and collects how they ended (non-blocking: :meth:`poll`).
+@ray.remote(num_cpus=0, max_restarts=0)
+class ExecutionHost:
+    """A long-lived actor that plays many executions at once (start it with ``max_concurrency`` ≥
+    ``max_executions`` + a few, so :meth:`progress` and :meth:`info` answer while executions play).
 
-    An actor that dies ends its execution as ``error``: the store writer records
-    ``execution_finished`` with the reason.
+    Each :meth:`play` is an asyncio task on the host's event loop; the agent loop itself is the
+    ordinary synchronous :func:`run_execution`, so each runs on a thread of the host's pool of
+    ``max_executions`` (its engine calls wait on the router there). This module imports no torch: the
+    host process never loads it (:meth:`info` reports ``torch_imported``).
+    """
+
+    def __init__(self, host_id: str, task_config: KeyRecallConfig, router: Any, writer: Any, *, run_id: str,
+                 temperature: float = 1.0, metadata: dict[str, Any] | None = None, max_executions: int = 64,
+                 event_batch: int = 32, task_family: str = "key-recall") -> None:
+        self.host_id, self.task_config, self.router, self.writer = host_id, task_config, router, writer
+        self.run_id, self.temperature, self.metadata = run_id, temperature, dict(metadata or {})
+        self.event_batch, self.task_family = event_batch, task_family
+        self.threads = ThreadPoolExecutor(max_executions, thread_name_prefix=f"host-{host_id}")
+        self.live: dict[str, HostedExecution] = {}
+        self.played = 0
+        self.most_at_once = 0
+
+    async def play(self, execution_id: str, task: KeyTask, *, seed: int, decode_scale: float = 1.0) -> dict[str, Any]:
+        """Play one execution of ``task`` to its end; returns its :class:`ExecutionOutcome` as a dict."""
+        ex = HostedExecution(execution_id, task, self.task_config, self.router, self.writer, run_id=self.run_id,
+                             seed=seed, temperature=self.temperature, metadata=self.metadata,
+                             decode_scale=decode_scale, event_batch=self.event_batch, task_family=self.task_family)
+        self.live[execution_id] = ex
+        self.most_at_once = max(self.most_at_once, len(self.live))
+        try:
+            out = await asyncio.get_running_loop().run_in_executor(self.threads, ex.play)
+        finally:
+            del self.live[execution_id]
+            self.played += 1
+        return {**out, "host_id": self.host_id}
+
+    async def progress(self, execution_id: str) -> dict[str, int] | None:
+        """Environment steps and resets, engine calls so far; None once the execution has ended here."""
+        ex = self.live.get(execution_id)
+        return None if ex is None else ex.progress()
+
+    async def info(self) -> dict[str, Any]:
+        """``host_id``, ``pid``, ``torch_imported``, executions ``played`` / ``running`` / ``most_at_once``."""
+        return {"host_id": self.host_id, "pid": os.getpid(), "torch_imported": "torch" in sys.modules,
+                "played": self.played, "running": len(self.live), "most_at_once": self.most_at_once}
+
+
+class ExecutionPool:
+    """Plays executions on ``hosts`` long-lived :class:`ExecutionHost` actors (the least busy host takes the
+    next one) and collects how they ended (non-blocking: :meth:`poll`); :meth:`close` ends the hosts.
+
+    An execution whose host dies ends as ``error``: the store writer records ``execution_finished``
+    with the reason.
     """
 
     def __init__(self, task_config: KeyRecallConfig, router: Any, writer: Any, *, run_id: str, seed: int,
-                 temperature: float = 1.0, metadata: dict[str, Any] | None = None) -> None:
+                 temperature: float = 1.0, metadata: dict[str, Any] | None = None, hosts: int = 2,
+                 per_host: int = 64, event_batch: int = 32, task_family: str = "key-recall") -> None:
+        if hosts < 1:
+            raise ValueError(f"hosts must be ≥ 1, got {hosts}")
         self.task_config, self.router, self.writer = task_config, router, writer
-        self.run_id, self.seed, self.temperature, self.metadata = run_id, seed, temperature, metadata
-        self.running: dict[Any, tuple[str, KeyTask, Any]] = {}
+        self.run_id, self.seed = run_id, seed
+        cls = ExecutionHost.options(max_concurrency=per_host + 8)  # type: ignore[attr-defined]
+        self.hosts: list[Any] = [cls.remote(f"h{i}", task_config, router, writer, run_id=run_id,
+                                            temperature=temperature, metadata=metadata, max_executions=per_host,
+                                            event_batch=event_batch, task_family=task_family)
+                                 for i in range(hosts)]
+        self.busy = [0] * hosts
+        self.running: dict[Any, tuple[str, KeyTask, int]] = {}
         self.started = 0
 
+    def ready(self) -> list[dict[str, Any]]:
+        """Wait until every host is up; returns their :meth:`ExecutionHost.info`."""
+        return list(ray.get([h.info.remote() for h in self.hosts]))
+
     def start(self, task: KeyTask, *, decode_scale: float = 1.0) -> tuple[str, Any]:
-        """Start one execution of ``task``; returns ``(execution_id, actor)``."""
+        """Start one execution of ``task`` on the least busy host; returns ``(execution_id, host)``."""
         eid = str(uuid.uuid4())
-        cls = ExecutionActor.options(max_concurrency=2)  # type: ignore[attr-defined]
-        actor = cls.remote(eid, task, self.task_config, self.router, self.writer, run_id=self.run_id,
-                           seed=self.seed * 1_000_003 + self.started, temperature=self.temperature,
-                           metadata=self.metadata, decode_scale=decode_scale)
+        i = min(range(len(self.hosts)), key=lambda j: self.busy[j])
+        ref = self.hosts[i].play.remote(eid, task, seed=self.seed * 1_000_003 + self.started,
+                                        decode_scale=decode_scale)
         self.started += 1
-        self.running[actor.play.remote()] = (eid, task, actor)
-        return eid, actor
+        self.busy[i] += 1
+        self.running[ref] = (eid, task, i)
+        return eid, self.hosts[i]
 
     def poll(self, timeout_s: float | None = None) -> list[ExecutionOutcome]:
         """Outcomes of the executions that ended (waits up to ``timeout_s`` for the first; None: forever)."""
@@ -204,39 +275,48 @@ class ExecutionPool:
             done, _ = ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
         out = []
         for ref in done:
-            eid, task, actor = self.running.pop(ref)
+            eid, task, i = self.running.pop(ref)
+            self.busy[i] -= 1
             try:
                 outcome = ExecutionOutcome(**ray.get(ref))
             except RayActorError as exc:
-                reason = f"execution actor lost: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
+                reason = f"execution host lost: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
                 ray.get(self.writer.finish_lost.remote(eid, reason, run_id=self.run_id, task_id=task.task_id))
-                outcome = ExecutionOutcome(eid, task.task_id, "error", message=reason, finished_at=time.time())
-            else:
-                ray.kill(actor)
+                outcome = ExecutionOutcome(eid, task.task_id, "error", message=reason, finished_at=time.time(),
+                                           host_id=f"h{i}")
             out.append(outcome)
         return out
 
+    def close(self) -> None:
+        """End the hosts (executions still playing on them are lost)."""
+        for h in self.hosts:
+            ray.kill(h)
+
 
 def run_executions(tasks: Sequence[KeyTask], task_config: KeyRecallConfig, router: Any, writer: Any, *,
-                   run_id: str, seed: int, concurrency: int, temperature: float = 1.0,
+                   run_id: str, seed: int, concurrency: int, temperature: float = 1.0, hosts: int = 2,
                    on_started: Callable[[str, Any], None] | None = None,
                    on_finished: Callable[[ExecutionOutcome], None] | None = None,
                    metadata: dict[str, Any] | None = None) -> list[ExecutionOutcome]:
-    """Play ``tasks`` with at most ``concurrency`` execution actors alive at once.
+    """Play ``tasks`` on ``hosts`` execution hosts, at most ``concurrency`` executions at once.
 
-    ``on_started(execution_id, actor)`` lets a caller watch (or kill) an actor.
+    ``on_started(execution_id, host)`` lets a caller watch an execution (``host.progress.remote(id)``)
+    or kill its host.
     """
     pool = ExecutionPool(task_config, router, writer, run_id=run_id, seed=seed, temperature=temperature,
-                         metadata=metadata)
+                         metadata=metadata, hosts=hosts)
     queue = list(tasks)
     outcomes: list[ExecutionOutcome] = []
-    while queue or pool.running:
-        while queue and len(pool.running) < concurrency:
-            eid, actor = pool.start(queue.pop(0))
-            if on_started is not None:
-                on_started(eid, actor)
-        for outcome in pool.poll():
-            outcomes.append(outcome)
-            if on_finished is not None:
-                on_finished(outcome)
+    try:
+        while queue or pool.running:
+            while queue and len(pool.running) < concurrency:
+                eid, host = pool.start(queue.pop(0))
+                if on_started is not None:
+                    on_started(eid, host)
+            for outcome in pool.poll():
+                outcomes.append(outcome)
+                if on_finished is not None:
+                    on_finished(outcome)
+    finally:
+        pool.close()
     return outcomes

@@ -140,15 +140,18 @@ class ElasticPolicy:
                 t.move(cell, "rollout", f"starved: {s.rollout_demand} rollouts want a slot and no rollout cell")
 
     def rollout_target(self, t: Tick) -> int:
-        """Rollout cells wanted: the demand (with ``hysteresis_slots`` of slack) caps the pool; when both
-        roles have work, the production/consumption balance caps it too; a stale full batch freezes growth."""
+        """Rollout cells wanted: the demand (with ``hysteresis_slots`` of slack; at least one slot while
+        executions run) caps the pool; when both roles have work, the production/consumption balance
+        caps it too; a stale full batch freezes growth."""
         s, live = t.signals, t.live
         n_live = len(live)
         cap_cell = max(round(sum(c.capacity for c in live) / max(n_live, 1)), 1)
-        demand_cells = math.ceil((s.rollout_demand + self.hysteresis_slots) / cap_cell) if s.rollout_demand else 0
+        # a running execution between two calls holds no slot but will call again: keep one cell for it
+        demand = max(s.rollout_demand, 1 if s.in_flight > 0 else 0)
+        demand_cells = math.ceil((demand + self.hysteresis_slots) / cap_cell) if demand else 0
         want_r = min(demand_cells, n_live)
         if t.train_work:
-            want_r = min(want_r, max(self.balanced_rollout_cells(s, n_live, cap_cell), 1 if s.rollout_demand else 0))
+            want_r = min(want_r, max(self.balanced_rollout_cells(s, n_live, cap_cell), 1 if demand else 0))
             want_r = min(want_r, n_live - self.min_train_cells)
         if t.stale:
             want_r = min(want_r, t.count("rollout"))

@@ -46,6 +46,10 @@ class RayActuator:
                                   grace_s=grace_s)
         return cls(coord)
 
+    def queue(self) -> dict[str, Any]:
+        """The router's queue lag (``Router.queue``), for the live signals' rollout demand."""
+        return dict(ray.get(self.coordinator.router.queue.remote()))
+
     def move(self, cell_id: str, from_role: CellRole, to_role: CellRole, reason: str) -> list[tuple[str, float]]:
         known = self.coordinator.roles.get(cell_id)
         if known is None:

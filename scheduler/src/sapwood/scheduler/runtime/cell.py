@@ -13,8 +13,10 @@ recomputed there (:meth:`Cell.prefill`). Agent loops and environments live in th
 
 ``decode_delay_s`` adds a sleep after each generated token (× the call's ``decode_scale``), standing in
 for a larger model's per-token latency on a CPU where the tiny model decodes in microseconds (0 in
-production). Loading weights swaps in a new engine: calls in flight finish on the weights they
-started with, so a load never aborts a call; it empties the KV cache (computed on the old weights).
+production). :meth:`Cell.pause` holds every call in flight once it has generated ``after_tokens``
+tokens (SGLang's in-place ``pause_generation``) until :meth:`Cell.resume` or an abort. Loading weights
+swaps in a new engine: calls in flight finish on the weights they started with, so a load never
+aborts a call; it empties the KV cache (computed on the old weights).
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ class Cell:
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._gate = threading.Condition()
+        self.paused = False
+        self.pause_after = 1
+        self.held = 0
         self.kv = KVStore(kv_cache_bytes)
         self.served = 0
         self.aborted = 0
@@ -139,6 +145,7 @@ class Cell:
                     break
                 if self.decode_delay_s > 0:
                     call.abort.wait(self.decode_delay_s * scale)
+                self._hold_if_paused(call)
             else:
                 # all tokens sampled; aborted during the last token's modelled delay: answered as aborted
                 # with the whole output (the router completes it without a continuation)
@@ -178,6 +185,34 @@ class Cell:
         logits = entry.logits if len(entry.tokens) == len(input_ids) else None
         return list(entry.tokens), entry.past, logits
 
+    def _hold_if_paused(self, call: _Call) -> None:
+        """Wait here, between two tokens, while the cell is paused (an abort ends the wait)."""
+        with self._gate:
+            if not self.paused or call.generated < self.pause_after:
+                return
+            self.held += 1
+            self._gate.notify_all()
+            self._gate.wait_for(lambda: not self.paused or call.abort.is_set())
+            self.held -= 1
+
+    def pause(self, after_tokens: int = 1) -> None:
+        """Hold every call (in flight or new) once it generated ``after_tokens`` tokens (≥ 1), keeping it
+        in flight, until :meth:`resume` or its abort."""
+        if after_tokens < 1:
+            raise ValueError(f"after_tokens must be ≥ 1, got {after_tokens}")
+        with self._gate:
+            self.paused, self.pause_after = True, after_tokens
+
+    def resume(self) -> None:
+        with self._gate:
+            self.paused = False
+            self._gate.notify_all()
+
+    def wait_held(self, n: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until ``n`` calls are held by :meth:`pause`; True when they are."""
+        with self._gate:
+            return self._gate.wait_for(lambda: self.held >= n, timeout=timeout_s)
+
     # -- switch protocol ----------------------------------------------------------------------------
     def drain(self) -> int:
         """Admit no new calls; returns the number in flight."""
@@ -204,6 +239,8 @@ class Cell:
             calls = list(self._calls.values())
         for c in calls:
             c.abort.set()
+        with self._gate:
+            self._gate.notify_all()  # held calls see their abort
         for c in calls:
             c.stopped.wait(30.0)
         return [(c.key, c.session, c.input_ids + c.output) for c in calls]
@@ -312,4 +349,5 @@ class Cell:
                     "in_flight": len(self._calls), "draining": self.draining, "served": self.served,
                     "aborted": self.aborted, "prefix_hits": self.prefix_hits, "reused_tokens": self.reused_tokens,
                     "fed_tokens": self.fed_tokens, "kv_imports": self.kv_imports, **self.kv.stats(),
+                    "paused": self.paused, "held": self.held,
                     "policy_version": self.engine.policy_version}

@@ -14,6 +14,10 @@ partial output is lost with it; that call restarts from its input ids. Only the 
 answer is returned, so the execution records exactly one TITO call per logical call — none lost,
 none duplicated.
 
+Queue lag (:meth:`Router.queue`): the calls waiting for a slot now (in :meth:`Router._pick`, a refused
+attempt waiting again included) and each rollout cell's occupied slots; the scheduler's rollout demand
+is their sum (:func:`sapwood.scheduler.signals.queue_demand`).
+
 Policy version of a continued call: ``policy_version`` is the version at the call's start (the oldest
 weights any of its tokens came from), and when the continuation ran on other weights the answer says
 ``version_changed: True`` with ``policy_versions`` ``[start, end]``. Every token's logged log-prob is
@@ -56,6 +60,7 @@ class Router:
         self.reserved: dict[str, int] = {}
         self.no_cell_timeout_s = no_cell_timeout_s
         self.sticky_wait_s, self.hint_wait_s = sticky_wait_s, hint_wait_s
+        self.waiting = 0
         self.counts = {"calls": 0, "attempts": 0, "rerouted": 0, "aborted": 0, "cell_lost": 0, "refused": 0,
                        "discarded_tokens": 0, "continued_tokens": 0, "sticky": 0, "version_changed": 0}
         self._changed = asyncio.Event()
@@ -157,7 +162,11 @@ class Router:
         budget = int(params.get("max_new_tokens", 1))
         try:
             while True:
-                cid = await self._pick(key, session)
+                self.waiting += 1
+                try:
+                    cid = await self._pick(key, session)
+                finally:
+                    self.waiting -= 1
                 if cid is None:
                     return {"status": "error", "reason": f"no rollout cell had a free slot for "
                             f"{self.no_cell_timeout_s:.0f} s", "attempts": attempts}
@@ -221,6 +230,11 @@ class Router:
         self.counts["version_changed"] += int(start_version != end_version)
         return out
 
+    def queue(self) -> dict[str, Any]:
+        """``{"waiting": calls waiting for a slot, "occupied": {rollout cell: slots in use}}``."""
+        return {"waiting": self.waiting,
+                "occupied": {c: self.load[c] for c, r in self.roles.items() if r == "rollout" and c not in self.lost}}
+
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "lost_cells": dict(self.lost), "load": dict(self.load), "roles": dict(self.roles),
-                "draining": sorted(self.draining)}
+                "draining": sorted(self.draining), "waiting": self.waiting}

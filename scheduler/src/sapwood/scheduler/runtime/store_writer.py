@@ -143,27 +143,44 @@ class StoreWriter:
 
 
 class RayStoreTransport(Transport):
-    """Sends each event to a :class:`StoreWriter` without waiting; :meth:`flush` waits and reports rejects.
+    """Sends events to a :class:`StoreWriter` in batches of ``batch_size`` (one RPC each) without waiting;
+    :meth:`flush` sends the rest, waits and reports rejects.
 
-    ``execution_id`` (optional) limits the rejects :meth:`flush` reports to one execution's.
+    ``execution_id`` (optional) limits the rejects :meth:`flush` reports to one execution's. Events
+    still batched here when the process dies are lost with it (the writer's ``finish_lost`` then closes
+    the execution after the last event that reached it).
     """
 
-    def __init__(self, writer: Any, *, execution_id: str | None = None) -> None:
+    def __init__(self, writer: Any, *, execution_id: str | None = None, batch_size: int = 1) -> None:
         super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
         self.writer = writer
         self.execution_id = execution_id
+        self.batch_size = batch_size
+        self._batch: list[Event] = []
         self._pending: list[Any] = []
         self._lock = threading.Lock()
+        self.rpcs = 0
+
+    def _send_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        if batch:
+            self._pending.append(self.writer.apply.remote(batch))
+            self.rpcs += 1
 
     def send(self, event: Event) -> None:
         with self._lock:
-            self._pending.append(self.writer.apply.remote([event]))
+            self._batch.append(event)
+            if len(self._batch) >= self.batch_size:
+                self._send_batch()
             if len(self._pending) > 256:
                 ray.get(self._pending)
                 self._pending.clear()
 
     def flush(self, timeout: float | None = None) -> None:
         with self._lock:
+            self._send_batch()
             pending, self._pending = self._pending, []
         ray.get(pending, timeout=timeout)
         rejected = ray.get(self.writer.flush.remote(self.execution_id), timeout=timeout)

@@ -11,9 +11,18 @@ Phases (each recorded as a ``switch_phase`` event with its duration by the
    store and the target imports them; :class:`RecomputeHandoff` prefills them on the target;
    :class:`CheaperHandoff` (the default) picks per call by the rule in its docstring.
 5. ``reroute`` — the aborted calls are released; the router continues each on its target (input ids +
-   partial output, the remaining token budget); the phase ends when all were re-admitted.
+   partial output, the remaining token budget); the phase ends when all were re-admitted and the
+   source has none left. A call with no target (no other rollout cell) waits in the router's queue
+   for the next cell that enters rollout (``work["queued"]``); the switch does not wait for it.
 6. ``weight_load`` — entering rollout: the newest published policy; entering train: the authoritative
    parameters of a core cell.
+7. ``activate`` — the cell and the router take the new role.
+
+A phase is recorded only when it ran: ``abort`` / ``kv_handoff`` / ``reroute`` only when calls were
+left after the grace period (``kv_handoff`` only when one of them had a target), ``weight_load`` only
+when weights were loaded. So every recorded duration is a real sample, and the phases together
+account for every RPC of the switch (:attr:`SwitchReport.wall_s` is the whole switch measured around
+them; :attr:`SwitchReport.work` counts what each phase moved).
 """
 
 from __future__ import annotations
@@ -126,9 +135,14 @@ class SwitchReport:
     finished_in_grace: bool = True
     policy_version: int | None = None
     started_at: float = 0.0
+    wall_s: float = 0.0
+    """The whole switch, driver-side, from the first RPC to the last (≥ :attr:`total_s`)."""
+    work: dict[str, int] = field(default_factory=dict)
+    """Per phase that moved something: calls aborted / handed off / re-admitted, weight loads (1)."""
 
     @property
     def total_s(self) -> float:
+        """Sum of the phase durations."""
         return sum(self.phases.values())
 
 
@@ -175,6 +189,7 @@ class SwitchCoordinator:
             raise ValueError(f"role must be one of {CELL_ROLES}, got {to_role!r}")
         cell = self.cells[cell_id]
         rep = SwitchReport(cell_id, self.roles.get(cell_id, "idle"), to_role, started_at=time.time())
+        t_start = time.perf_counter()
         if rep.from_role == "rollout" and to_role != "rollout":
             self._leave_rollout(cell_id, cell, rep)
         t = time.perf_counter()
@@ -183,14 +198,19 @@ class SwitchCoordinator:
             if found is not None:
                 rep.policy_version = found[0]
                 ray.get(cell.load_checkpoint.remote(found[1], found[0]))
-            rep.phases["weight_load"] = time.perf_counter() - t
+                rep.phases["weight_load"] = time.perf_counter() - t
+                rep.work["weight_load"] = 1
         elif to_role == "train" and rep.from_role != "train":
             core = self._core_for(cell_id)
             if core is not None:
                 rep.policy_version, _ = ray.get(cell.load_from_core.remote(self.cells[core]))
-            rep.phases["weight_load"] = time.perf_counter() - t
+                rep.phases["weight_load"] = time.perf_counter() - t
+                rep.work["weight_load"] = 1
+        t = time.perf_counter()
         ray.get(cell.set_role.remote(to_role))
         ray.get(self.router.set_role.remote(cell_id, to_role))
+        rep.phases["activate"] = time.perf_counter() - t
+        rep.wall_s = time.perf_counter() - t_start
         self.roles[cell_id] = to_role
         if self.recorder is not None:
             self.recorder.phases(rep.cell_id, rep.to_role, rep.phases.items())
@@ -212,15 +232,28 @@ class SwitchCoordinator:
         aborted = ray.get(cell.abort_inflight.remote())
         rep.aborted_calls = len(aborted)
         rep.phases["abort"] = time.perf_counter() - t
+        rep.work["abort"] = len(aborted)
+        if not aborted:  # the calls ended between the grace period and the abort
+            return
+        t = time.perf_counter()
         keys = [k for k, _, _ in aborted]
         plan = ray.get(self.router.plan_reroute.remote(keys, cell_id))
         targets = {k: self.cells[c] for k, c in plan.items() if c is not None}
-        rep.phases["kv_handoff"] = self.handoff.transfer(cell, targets, aborted)
-        t = time.perf_counter()
+        if targets:
+            self.handoff.transfer(cell, targets, aborted)
+            rep.phases["kv_handoff"] = time.perf_counter() - t  # the plan's RPC included
+            rep.work["kv_handoff"] = len(targets)
+            t = time.perf_counter()  # else the plan's RPC counts in the reroute
         ray.get(cell.release_aborted.remote())
-        ok = ray.get(self.router.wait_rerouted.remote(keys, self.reroute_timeout_s))
-        rep.phases["reroute"] = time.perf_counter() - t
+        # a call with no target (no other rollout cell) waits in the router's queue, which the scheduler
+        # reads as demand; the switch does not wait for it
+        routed = [k for k in keys if k in targets]
+        ok = ray.get(self.router.wait_rerouted.remote(routed, self.reroute_timeout_s))
         if not ok:
-            raise RuntimeError(f"switch of {cell_id}: {len(keys)} aborted calls were not re-admitted within "
-                               f"{self.reroute_timeout_s} s (no other rollout cell with a free slot?)")
+            raise RuntimeError(f"switch of {cell_id}: {len(routed)} aborted calls were not re-admitted within "
+                               f"{self.reroute_timeout_s} s on their target cells")
         ray.get(cell.wait_idle.remote(self.reroute_timeout_s))
+        rep.phases["reroute"] = time.perf_counter() - t
+        rep.work["reroute"] = len(routed)
+        if len(routed) < len(keys):
+            rep.work["queued"] = len(keys) - len(routed)
