@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import ray
 
 from sapwood.platform.events import CELL_ROLES, CellRole
+from sapwood.platform.faults import fault_point
 from sapwood.scheduler.decisions import DecisionRecorder
 
 __all__ = ["CheaperHandoff", "KVHandoff", "MigrateHandoff", "RecomputeHandoff", "SwitchCoordinator",
@@ -212,6 +213,7 @@ class SwitchCoordinator:
         aborted = ray.get(cell.abort_inflight.remote())
         rep.aborted_calls = len(aborted)
         rep.phases["abort"] = time.perf_counter() - t
+        fault_point("runtime.mid_switch")
         keys = [k for k, _, _ in aborted]
         plan = ray.get(self.router.plan_reroute.remote(keys, cell_id))
         targets = {k: self.cells[c] for k, c in plan.items() if c is not None}
