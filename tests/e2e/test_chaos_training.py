@@ -72,7 +72,7 @@ def test_short_campaign_through_kafka_and_killed_ingest_loses_and_duplicates_not
 
 def test_campaign_compares_the_evaluation_reward_with_a_no_fault_run(pg_url: str, tmp_path: Path) -> None:
     figures = _campaign().run_campaign(pg_url, prompts=10, samples=2, workers=3, learners=2, kills=4, seed=3,
-                                       out=tmp_path, max_seconds=280.0, compare=True, eval_points=5)
+                                       out=tmp_path, max_seconds=600.0, compare=True, eval_points=5)
     assert figures["finished"], figures
     assert figures["audit_ok"], figures
     clean = figures["no_fault"]

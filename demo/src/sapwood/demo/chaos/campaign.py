@@ -12,9 +12,9 @@ With ``scheduler``, one ``sapwood scheduler run`` process (the live loop, elasti
 decides the roles of :data:`SCHEDULER_CELLS` registered cells every :data:`SCHEDULER_TICK_S` seconds from
 the run's live signals and records each decision (through Kafka with ``kafka``). While they run, the
 supervisor SIGKILLs a random process (past its start-up, not armed with a fault point; one of a kind not
-yet killed first, and the last kills kept for the kinds not killed yet) at random times (``kills``) and
-restarts every process that dies; each fault point of the learner, the worker and (with Kafka) ingest
-(``SAPWOOD_FAULT``) is armed on two (re)starts, so those processes kill themselves there.
+yet killed first, and the last kills kept for the kinds not killed yet) at random points of its progress
+(``kills``) and restarts every process that dies; each fault point of the learner, the worker and (with
+Kafka) ingest (``SAPWOOD_FAULT``) is armed on two (re)starts, so those processes kill themselves there.
 
 Afterwards, from the store alone: every sample has exactly one finished attempt (abandoned attempts are
 re-issued, kept, never queued for training); the rollout lengths (model calls) of re-issued samples'
@@ -213,7 +213,9 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
     progress_at: dict[str, list[float]] = {"worker": [], "learner": [], "scheduler": []}
     last = (0, 0)
     killed = 0
-    next_kill = time.monotonic() + rng.uniform(1.0, 4.0)
+    # the random kills come at random points of the run's progress (samples done + executions trained, over
+    # twice the samples), so they spread over the whole run however fast it goes
+    kill_at = sorted(rng.uniform(0.02, 0.95) for _ in range(kills))
     finished = False
     try:
         while time.monotonic() - t0 < max_seconds:
@@ -245,7 +247,8 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
             # first decision tick) and not armed with a fault point (those kill themselves there)
             eligible = [p for p in c.procs if p.fault is None and now - p.started > STARTUP_S[p.kind]
                         and (p.kind != "scheduler" or p.ticks > 0)]
-            if killed < kills and now >= next_kill and eligible:
+            trained = max(done - untrained, 0)
+            if killed < kills and (done + trained) / max(2 * total, 1) >= kill_at[killed] and eligible:
                 # a kind not yet killed goes first (every kind dies at least once), then any process
                 hit = {d["kind"] for d in c.deaths if d["cause"] == "kill -9"}
                 untouched = [p for p in eligible if p.kind not in hit]
@@ -259,7 +262,6 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
                                      "version": version})
                     killed += 1
                     c.spawn(victim.kind, victim.slot)
-                    next_kill = time.monotonic() + rng.uniform(0.3, 1.5)
             time.sleep(0.2)
     finally:  # every process of the campaign ends with it, also when it fails
         for p in c.procs:

@@ -22,7 +22,7 @@ def plot_reward_curves(path: Path, chaos: Sequence[tuple[int, float]], clean: Se
     seen: set[str] = set()
     for version, kind in kills:
         ax.axvline(version, color=colours.get(kind, "grey"), alpha=0.35, lw=0.8,
-                   label=None if kind in seen else f"death of a {kind}")
+                   label=None if kind in seen else f"{kind} death")
         seen.add(kind)
     if clean:
         ax.plot(*zip(*clean, strict=True), lw=2, color="tab:green", label="no-fault run")
