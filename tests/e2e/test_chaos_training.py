@@ -29,7 +29,7 @@ def _campaign() -> ModuleType:
 
 def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(pg_url: str, tmp_path: Path) -> None:
     figures = _campaign().run_campaign(pg_url, prompts=40, samples=2, workers=3, learners=2, kills=8, seed=1,
-                                       out=tmp_path, max_seconds=280.0)
+                                       out=tmp_path, max_seconds=600.0)
     assert figures["finished"], figures
     assert figures["random_kills"] >= 8, figures
     assert figures["deaths"] >= 8, figures
@@ -55,7 +55,7 @@ def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(p
 def test_short_campaign_through_kafka_and_killed_ingest_loses_and_duplicates_nothing(
         pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     figures = _campaign().run_campaign(pg_url, prompts=30, samples=2, workers=3, learners=2, kills=8, seed=2,
-                                       out=tmp_path, max_seconds=280.0, kafka=kafka_bootstrap, ingests=2)
+                                       out=tmp_path, max_seconds=600.0, kafka=kafka_bootstrap, ingests=2)
     assert figures["transport"] == "kafka"
     assert figures["finished"], figures
     assert figures["random_kills"] >= 8, figures
