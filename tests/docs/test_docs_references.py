@@ -27,6 +27,7 @@ NOT_IN_REPOSITORY = {
     "lag.png": "written by `sapwood demo` into its output folder",
     "roles.png": "written by `sapwood demo --elastic`",
     "switch_phases.png": "written by `sapwood demo --elastic`",
+    "reward_curves.png": "written by `sapwood chaos training` into its --out folder",
     "param_and_grad_buffer.py": "megatron-core's source",
     "tensor_parallel/mappings.py": "megatron-core's source",
 }

@@ -1,6 +1,7 @@
-"""A short training chaos campaign (bench/chaos_training.py) on PostgreSQL: 3 rollout workers and 2 learners
-killed at random and at their fault points; every prompt sample rolled out once, every finished execution
-trained exactly once in one published version, versions contiguous, checkpoints matching their digests."""
+"""A short training chaos campaign (bench/chaos_training.py) on PostgreSQL: 3 rollout workers, 2 learners and
+the live scheduler killed at random and at their fault points; every prompt sample rolled out once, every
+finished execution trained exactly once in one published version, versions contiguous, checkpoints matching
+their digests; and the no-fault comparison with its PNG."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ def _campaign() -> ModuleType:
 
 def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(pg_url: str, tmp_path: Path) -> None:
     figures = _campaign().run_campaign(pg_url, prompts=40, samples=2, workers=3, learners=2, kills=8, seed=1,
-                                       out=tmp_path, max_seconds=280.0)
+                                       out=tmp_path, max_seconds=600.0)
     assert figures["finished"], figures
     assert figures["random_kills"] >= 8, figures
     assert figures["deaths"] >= 8, figures
+    assert figures["random_kills_by_kind"].keys() == {"worker", "learner", "scheduler"}, figures  # each kind died
+    assert figures["recovery"]["scheduler"]["deaths"] >= 1, figures  # and the scheduler ticked again after it
     assert figures["samples"] == 80
     assert figures["samples_skipped"] == 0
     assert figures["samples_duplicated"] == 0
@@ -52,11 +55,12 @@ def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(p
 def test_short_campaign_through_kafka_and_killed_ingest_loses_and_duplicates_nothing(
         pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     figures = _campaign().run_campaign(pg_url, prompts=30, samples=2, workers=3, learners=2, kills=8, seed=2,
-                                       out=tmp_path, max_seconds=280.0, kafka=kafka_bootstrap, ingests=2)
+                                       out=tmp_path, max_seconds=600.0, kafka=kafka_bootstrap, ingests=2)
     assert figures["transport"] == "kafka"
     assert figures["finished"], figures
     assert figures["random_kills"] >= 8, figures
     assert figures["fault_deaths"].get("ingest.after_apply", 0) >= 1, figures
+    assert figures["random_kills_by_kind"].keys() == {"worker", "learner", "ingest", "scheduler"}, figures
     assert figures["samples"] == 60
     assert figures["samples_skipped"] == 0
     assert figures["samples_duplicated"] == 0
@@ -64,3 +68,24 @@ def test_short_campaign_through_kafka_and_killed_ingest_loses_and_duplicates_not
     assert figures["untrained"] == 0
     assert figures["trained_twice"] == 0
     assert figures["audit_ok"], figures
+
+
+def test_campaign_compares_the_evaluation_reward_with_a_no_fault_run(pg_url: str, tmp_path: Path) -> None:
+    figures = _campaign().run_campaign(pg_url, prompts=10, samples=2, workers=3, learners=2, kills=4, seed=3,
+                                       out=tmp_path, max_seconds=600.0, compare=True, eval_points=5)
+    assert figures["finished"], figures
+    assert figures["audit_ok"], figures
+    clean = figures["no_fault"]
+    assert clean["finished"], clean
+    assert clean["audit_ok"], clean
+    assert (clean["samples_skipped"], clean["samples_duplicated"], clean["untrained"], clean["trained_twice"]) == (
+        0, 0, 0, 0)
+    reward = figures["reward"]
+    for curve in (reward["chaos_curve"], reward["no_fault_curve"]):
+        assert 2 <= len(curve) <= 5
+        assert all(0.0 <= r <= 1.0 and se > 0 for _, r, se in curve)
+    assert reward["chaos_final"] == reward["chaos_curve"][-1][1]
+    assert reward["chaos_curve"][-1][0] == figures["versions"]  # the last published version is evaluated
+    assert reward["within_noise"], reward  # same seed and prompts: no difference beyond the evaluation's noise
+    png = Path(reward["png"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,6 +9,7 @@ import torch
 
 from sapwood.learner.audit import audit_training
 from sapwood.learner.checkpoint import CheckpointError
+from sapwood.learner.claims import ClaimedBatch
 from sapwood.learner.config import CriticConfig, LearnerConfig, SourceConfig
 from sapwood.learner.loop import Learner, latest_policy
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, TorchBackend
@@ -26,6 +27,20 @@ def _learner(store: Store, ckpt: Path, name: str, *, warmup: int = 0) -> Learner
     trainer = SAOTrainer(backend, LearnerConfig(critic=CriticConfig(warmup_steps=warmup)))
     return Learner(store, "train", trainer, learner_id=name, checkpoint_dir=ckpt, checkpoint_grace_s=0.0,
                    source_config=SourceConfig(executions_per_batch=1))
+
+
+def _lose_the_claim_during_the_step(learner: Learner, store: Store, claimed: ClaimedBatch) -> None:
+    """The next training step of learner A outlives its lease: learner B takes ``claimed`` over meanwhile."""
+    original = learner.trainer.train_step
+
+    def step_then_lose_the_claim(batch):  # type: ignore[no-untyped-def]
+        metrics = original(batch)
+        with store.transaction() as conn:
+            runs.release(conn, "train", "A", claimed.execution_ids)
+            assert runs.claim(conn, "train", "B", 1, lease_s=600.0) == claimed.execution_ids
+        return metrics
+
+    learner.trainer.train_step = step_then_lose_the_claim  # type: ignore[method-assign]
 
 
 def test_each_version_names_the_executions_it_trained_and_warm_up_batches_commit_with_the_next(
@@ -56,16 +71,7 @@ def test_a_claim_lost_during_the_step_rolls_the_commit_back_and_reloads_the_publ
     v1 = [p.clone() for p in learner.backend.model.parameters()]
     claimed = learner.source.next_batch()
     assert claimed is not None
-    original = learner.trainer.train_step
-
-    def step_then_lose_the_claim(batch):  # type: ignore[no-untyped-def]
-        metrics = original(batch)
-        with store.transaction() as conn:  # the lease ran out mid-step and learner B took the item over
-            runs.release(conn, "train", "A", claimed.execution_ids)
-            assert runs.claim(conn, "train", "B", 1, lease_s=600.0) == claimed.execution_ids
-        return metrics
-
-    learner.trainer.train_step = step_then_lose_the_claim  # type: ignore[method-assign]
+    _lose_the_claim_during_the_step(learner, store, claimed)
     assert learner.train(claimed) is None
     assert learner.lost_claims == 1
     assert latest_policy(store, "train")[0] == 1  # type: ignore[index]
@@ -117,3 +123,23 @@ def test_resume_refuses_a_published_checkpoint_whose_digest_does_not_match(tmp_p
     Path(path).write_bytes(Path(path).read_bytes() + b"tampered")
     with pytest.raises(CheckpointError, match="SHA-256"):
         _learner(store, tmp_path / "ck", "B").resume()
+
+
+def test_a_claim_lost_before_the_first_version_returns_to_the_state_the_learner_started_from(
+        tmp_path: Path) -> None:
+    _, store, _ = replay_store(tmp_path / "s.db", 2)
+    learner = _learner(store, tmp_path / "ck", "A")
+    assert learner.resume() is None  # nothing published yet
+    start = [p.clone() for p in learner.backend.model.parameters()]
+    claimed = learner.source.next_batch()
+    assert claimed is not None
+    original = learner.trainer.train_step
+    _lose_the_claim_during_the_step(learner, store, claimed)
+    assert learner.train(claimed) is None  # rolled back, not a CheckpointError: there is no version to return to
+    assert learner.lost_claims == 1
+    assert learner.backend.policy_version == 0
+    for p, q in zip(learner.backend.model.parameters(), start, strict=True):
+        assert torch.equal(p, q)  # the update on B's execution is gone
+    learner.trainer.train_step = original  # type: ignore[method-assign]
+    assert learner.step() is not None  # and it trains on: the other execution becomes version 1
+    assert latest_policy(store, "train")[0] == 1  # type: ignore[index]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
@@ -78,3 +79,38 @@ def test_run_command_ticks_and_exits(pg_url: str) -> None:
     with store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(t.scheduler_decisions)).scalar_one() >= 2
     store.close()
+
+
+def test_a_decision_is_recorded_only_after_its_move_returned() -> None:
+    from sapwood.scheduler.policy import Decision
+    from sapwood.scheduler.signals import CellState, Signals
+
+    class Sent:
+        def __init__(self) -> None:
+            self.events: list[object] = []
+
+        def send(self, event: object) -> None:  # sent at once, as the store and Kafka transports do
+            self.events.append(event)
+
+        def flush(self, timeout: float | None = None) -> None:
+            pass
+
+    class ParkC0:
+        name = "park-c0"
+
+        def decide(self, signals: Signals, assignment: dict) -> Decision:  # type: ignore[type-arg]
+            return Decision(target={**assignment, "c0": "idle"}, reasons={"c0": "test"})
+
+    class Dies:
+        def move(self, cell_id: str, from_role: str, to_role: str, reason: str) -> list[tuple[str, float]]:
+            raise RuntimeError("the switch failed half-way")
+
+    sink = Sent()
+    cells = (CellState(cell_id="c0", role="rollout", capacity=2), CellState(cell_id="c1", role="rollout", capacity=2))
+    loop = SchedulerLoop(lambda: Signals(at_s=time.time(), cells=cells, batch_size=4), ParkC0(), sink, Dies())
+    with pytest.raises(RuntimeError, match="half-way"):
+        loop.tick()
+    assert sink.events == []  # no role_assigned for a move that never finished: the next tick decides again
+    loop.actuator = LoggingActuator()
+    assert loop.tick().moves == {"c0": ("rollout", "idle")}
+    assert [e.kind for e in sink.events] == ["role_assigned"]  # type: ignore[attr-defined]

@@ -265,6 +265,9 @@ def demo(
 def register(app: typer.Typer) -> None:
     """Add the ``demo`` command to the ``sapwood`` CLI."""
     app.command("demo")(demo)
+    from sapwood.demo.chaos import cli as chaos_cli
+
+    chaos_cli.register(app)
 
 
 __all__ = ["demo", "register"]

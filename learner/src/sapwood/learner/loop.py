@@ -20,6 +20,7 @@ committed with the next version.
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,8 @@ class Learner:
         """Commits rolled back (claims lost or version taken) and answered by reloading the published state."""
         self._held: list[ClaimedBatch] = []
         """Trained batches not committed yet (steps that did not move the policy)."""
+        self._start_state: dict[str, Any] | None = None
+        """The state :meth:`resume` started from when the run had no version yet (dropped at the first commit)."""
 
     @property
     def backend(self) -> PolicyBackend:
@@ -112,7 +115,10 @@ class Learner:
         version). Also removes this directory's unpublished checkpoints older than the grace period.
         Raises :class:`CheckpointError` if the newest version's file is missing or does not match.
         """
-        return self._load_published(strict=False)
+        version = self._load_published(strict=False)
+        if version is None:  # nothing published yet: a rollback before the first version returns here
+            self._start_state = copy.deepcopy(training_state(self.trainer))
+        return version
 
     def _load_published(self, *, strict: bool) -> int | None:
         """:meth:`resume`; ``strict``: the newest version must be a checkpoint of this learner's format."""
@@ -122,6 +128,9 @@ class Learner:
         if self.checkpoint_dir is not None:
             remove_unpublished(self.checkpoint_dir, keep, grace_s=self.checkpoint_grace_s)
         if record is None:
+            if strict and self._start_state is not None:
+                restore_training_state(self.trainer, self._start_state)
+                return None
             if strict:
                 raise CheckpointError(f"run {self.publish_run_id!r} has no published checkpoint to return to")
             return None
@@ -209,6 +218,7 @@ class Learner:
             return False
         self.store.cache.merge(result.new_states)
         self._held = []
+        self._start_state = None
         return True
 
     def _roll_back(self, batches: list[ClaimedBatch], *, trained: bool = True) -> None:

@@ -13,7 +13,9 @@ Points (:data:`FAULT_POINTS`):
   commits;
 * ``rollout.after_claim`` — a prompt sample claimed (committed), before its execution starts;
 * ``rollout.mid_recording`` — after each model call a worker records (``@n``: the n-th call);
-* ``ingest.after_apply`` — a batch applied to the store, before its Kafka offsets are committed.
+* ``ingest.after_apply`` — a batch applied to the store, before its Kafka offsets are committed;
+* ``runtime.mid_switch`` — in the process driving an elastic-runtime switch, the leaving cell's calls
+  aborted (each holding its partial output), before they are rerouted.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ FAULT_POINTS = frozenset({
     "ingest.after_apply",
     "rollout.after_claim",
     "rollout.mid_recording",
+    "runtime.mid_switch",
 })
 
 _hits: dict[str, int] = {}

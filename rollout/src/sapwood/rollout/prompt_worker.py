@@ -2,9 +2,11 @@
 training chaos campaign start it, with ``SAPWOOD_FAULT`` to crash it at a fault point): claims samples until
 none is available for ``IDLE_S``, records 1 to 2 × ``CALLS`` model calls per attempt (drawn from the sample id
 and attempt number, so a re-issued sample's length is a fresh draw) with tokens derived from the sample id,
-finishes each with a 0/1 reward. Events go straight to the store (one transaction per event), or, with
-``BOOTSTRAP TOPIC``, through Kafka (acknowledged by all replicas) for ingest to apply; then the worker keeps
-each sample's lease until ingest has stored its finished execution.
+finishes each with a 0/1 reward. Each output token is recorded with the log-probability of a uniform policy
+over the 500-token vocabulary (about what an untrained learner's policy assigns), so the learner's importance
+ratios start near 1 and its policy updates are not masked. Events go straight to the store (one transaction
+per event), or, with ``BOOTSTRAP TOPIC``, through Kafka (acknowledged by all replicas) for ingest to apply;
+then the worker keeps each sample's lease until ingest has stored its finished execution.
 
     python -m sapwood.rollout.prompt_worker DATABASE_URL RUN WORKER LEASE_S CALLS IDLE_S [CALL_S [BOOTSTRAP TOPIC]]
 
@@ -35,6 +37,9 @@ def attempt_length(sample_id: str, attempt: int, calls: int) -> int:
     return 1 + int(tokens(f"{sample_id}#{attempt}", 98, 1)[0]) % (2 * calls)
 
 
+VOCAB_SIZE = 500
+#: Log-probability (nats) of each recorded output token: a uniform policy's.
+BEHAVIOUR_LOGPROB = -float(np.log(VOCAB_SIZE))
 #: Seconds a worker waits for ingest to store a finished execution before it gives the sample up.
 STORED_TIMEOUT_S = 120.0
 
@@ -49,7 +54,7 @@ def work(url: str, run_id: str, worker: str, *, lease_s: float, calls: int, idle
     done = 0
     transport: Transport = (InProcessTransport(store, batch_size=1) if kafka is None
                             else KafkaTransport(kafka[0], topic=kafka[1], linger_ms=2))
-    with Recorder(transport, run_id=run_id, vocab_size=500) as rec:
+    with Recorder(transport, run_id=run_id, vocab_size=VOCAB_SIZE) as rec:
         deadline = time.monotonic() + idle_s
         while True:
             lease = rec.claim_prompt(client)
@@ -64,7 +69,7 @@ def work(url: str, run_id: str, worker: str, *, lease_s: float, calls: int, idle
                 for step in range(attempt_length(lease.sample.sample_id, lease.sample.attempt, calls)):
                     time.sleep(call_s)  # the engine's generation time (simulated)
                     out = tokens(lease.sample.sample_id, step, 4)
-                    ex.call(ex.context(), out, np.full(len(out), -1.0, dtype=np.float32))
+                    ex.call(ex.context(), out, np.full(len(out), BEHAVIOUR_LOGPROB, dtype=np.float32))
                 ex.finish("success", reward=float(tokens(lease.sample.sample_id, 99, 1)[0] % 2))
                 rec.flush()
                 if kafka is not None and not lease.wait_stored(STORED_TIMEOUT_S):

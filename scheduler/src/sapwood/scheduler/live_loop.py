@@ -87,8 +87,11 @@ class SchedulerLoop:
         snapshot = s.to_json() if moves else {}
         for cell_id, (old, new) in sorted(moves.items()):
             reason = decision.reasons.get(cell_id, "")
+            # the decision is recorded once its move returned: a loop killed mid-move leaves none, so the
+            # restart, reading the old role, decides the move again (docs/operations.md)
+            phases = self.actuator.move(cell_id, old, new, reason)
             self.recorder.assignment(cell_id, new, old, reason=reason, signals=snapshot)
-            self.recorder.phases(cell_id, new, self.actuator.move(cell_id, old, new, reason))
+            self.recorder.phases(cell_id, new, phases)
             self.pending[cell_id] = (new, s.at_s)
         if moves:
             self.recorder.flush()

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import ray
 
 from sapwood.platform.events import CELL_ROLES, CellRole
+from sapwood.platform.faults import fault_point
 from sapwood.scheduler.decisions import DecisionRecorder
 
 __all__ = ["CheaperHandoff", "KVHandoff", "MigrateHandoff", "RecomputeHandoff", "SwitchCoordinator",
@@ -233,6 +234,7 @@ class SwitchCoordinator:
         rep.aborted_calls = len(aborted)
         rep.phases["abort"] = time.perf_counter() - t
         rep.work["abort"] = len(aborted)
+        fault_point("runtime.mid_switch")
         if not aborted:  # the calls ended between the grace period and the abort
             return
         t = time.perf_counter()
