@@ -197,6 +197,8 @@ def _call(e: ModelCall, plan: Planning, st: Row | None, refs: Refs) -> Overrides
         "timings": e.timings,
         "sampling_params": e.sampling_params,
         "created_at": e.created_at,
+        "drift_checked": e.drift_checked,
+        "drift_at": e.drift_at,
     })
     count_call(st, input_len=full_len, n_output=int(output.size), policy_version=e.policy_version)
     # Stored normalized when the full input was sent: the matched node as parent, only the rest as tokens.

@@ -1,0 +1,109 @@
+"""Retokenization drift stored with each call and read per run (``calls.drift_checked`` / ``drift_at``), on
+SQLite and PostgreSQL: no check → rate None (never NaN), every call drifted, drift at position 0."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sapwood.platform.codec import decode, encode
+from sapwood.platform.errors import ValidationError
+from sapwood.platform.events import ModelCall
+from sapwood.platform.storage.drift import DriftedCall, drifted_calls
+from sapwood.platform.store import Store
+from sapwood.platform.writer import ExecutionWriter
+
+LP = np.array([-0.5], dtype=np.float32)
+
+
+def _execution(run_id: str, checks: list[tuple[bool, int | None]]) -> ExecutionWriter:
+    """One execution of ``run_id`` with one call per ``(drift_checked, drift_at)``, each continuing the last."""
+    w = ExecutionWriter(run_id=run_id, task_id=f"{run_id}-task")
+    w.start()
+    parent = w.prompt(np.array([1, 2, 3], dtype=np.int32)).node_id
+    for checked, at in checks:
+        parent = w.call(parent, np.array([4], dtype=np.int32), [5], LP, drift_checked=checked, drift_at=at
+                        ).output_node_id
+    w.finish()
+    return w
+
+
+def test_rate_per_run_on_the_boundaries(store: Store) -> None:
+    store.apply(_execution("unchecked", [(False, None), (False, None)]).events)
+    store.apply(_execution("all-drifted", [(True, 0), (True, 7)]).events)
+    store.apply(_execution("mixed", [(False, None), (True, None), (True, 12), (True, None)]).events)
+    store.apply(_execution("mixed", [(True, 9)]).events)
+    got = {d.run_id: d for d in store.drift()}
+    assert list(got) == ["all-drifted", "mixed", "unchecked"], "ordered by run id"
+    unchecked = got["unchecked"]
+    assert (unchecked.calls, unchecked.checked, unchecked.drifted, unchecked.first_position) == (2, 0, 0, None)
+    assert unchecked.rate is None, "nothing checked: no rate (not NaN, not 0)"
+    every = got["all-drifted"]
+    assert (every.checked, every.drifted, every.rate, every.first_position) == (2, 2, 1.0, 0), "position 0 kept"
+    mixed = got["mixed"]
+    assert (mixed.calls, mixed.checked, mixed.drifted, mixed.first_position) == (5, 4, 2, 9)
+    assert mixed.rate is not None
+    assert math.isclose(mixed.rate, 0.5)
+    assert store.drift("mixed") == [mixed]
+    assert store.drift("missing") == []
+
+
+def test_drifted_calls_keep_where_each_first_differed(store: Store) -> None:
+    first = _execution("r", [(True, 0), (True, None), (True, 3)])
+    second = _execution("r", [(True, 5)])
+    store.apply(first.events)
+    store.apply(second.events)
+    calls = [e for e in first.events if isinstance(e, ModelCall)]
+    later = next(e for e in second.events if isinstance(e, ModelCall))
+    with store.transaction() as conn:
+        got = drifted_calls(conn, "r", limit=10)
+        assert drifted_calls(conn, "r", limit=1) == got[:1]
+        assert drifted_calls(conn, "other", limit=10) == []
+    assert got == [DriftedCall(calls[0].call_id, first.execution_id, calls[0].seq or 0, 0),
+                   DriftedCall(calls[2].call_id, first.execution_id, calls[2].seq or 0, 3),
+                   DriftedCall(later.call_id, second.execution_id, later.seq or 0, 5)]
+
+
+def test_a_rebuild_from_the_events_keeps_the_drift(store: Store) -> None:
+    store.apply(_execution("r", [(True, 0), (True, None), (False, None)]).events)
+    before = store.drift()
+    live = store.projection_hash()
+    store.rebuild_projections()
+    assert store.projection_hash() == live
+    assert store.drift() == before
+
+
+def test_the_drift_fields_are_validated_and_old_events_stay_valid() -> None:
+    w = _execution("r", [(True, 4)])
+    call = next(e for e in w.events if isinstance(e, ModelCall))
+    back = decode(encode(call))
+    assert isinstance(back, ModelCall)
+    assert (back.drift_checked, back.drift_at) == (True, 4)
+    old = ModelCall(**{k: v for k, v in {**call.scalar_fields(), **call.array_fields()}.items()
+                       if k not in ("drift_checked", "drift_at")},
+                    event_id=call.event_id, execution_id=call.execution_id, seq=call.seq)
+    old.validate()  # an event written before the fields existed: unchecked
+    assert (old.drift_checked, old.drift_at) == (False, None)
+    for checked, at, what in [(False, 3, "drift_at needs drift_checked"), (True, -1, "drift_at must be"),
+                              (True, True, "drift_at must be"), (True, 1.5, "drift_at must be"),
+                              (1, None, "drift_checked must be a boolean")]:
+        object.__setattr__(call, "drift_checked", checked)
+        object.__setattr__(call, "drift_at", at)
+        with pytest.raises(ValidationError, match=what):
+            call.validate()
+
+
+def test_sqlite_migration_round_trip_keeps_calls(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'm.db'}", migrate=False)
+    store.migrate("0010")
+    store.migrate()
+    store.apply(_execution("r", [(True, 2)]).events)
+    store.downgrade("0010")
+    store.migrate()
+    (run,) = store.drift()
+    assert (run.calls, run.checked, run.drifted, run.first_position) == (1, 0, 0, None), \
+        "a call stored before 0011 reads as unchecked"
+    store.close()
