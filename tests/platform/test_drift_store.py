@@ -6,36 +6,23 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from sapwood.platform.cli import app
 from sapwood.platform.codec import decode, encode
 from sapwood.platform.errors import ValidationError
 from sapwood.platform.events import ModelCall
 from sapwood.platform.storage.drift import DriftedCall, drifted_calls
 from sapwood.platform.store import Store
-from sapwood.platform.writer import ExecutionWriter
-
-LP = np.array([-0.5], dtype=np.float32)
-
-
-def _execution(run_id: str, checks: list[tuple[bool, int | None]]) -> ExecutionWriter:
-    """One execution of ``run_id`` with one call per ``(drift_checked, drift_at)``, each continuing the last."""
-    w = ExecutionWriter(run_id=run_id, task_id=f"{run_id}-task")
-    w.start()
-    parent = w.prompt(np.array([1, 2, 3], dtype=np.int32)).node_id
-    for checked, at in checks:
-        parent = w.call(parent, np.array([4], dtype=np.int32), [5], LP, drift_checked=checked, drift_at=at
-                        ).output_node_id
-    w.finish()
-    return w
+from tests.support.histories import drift_execution
 
 
 def test_rate_per_run_on_the_boundaries(store: Store) -> None:
-    store.apply(_execution("unchecked", [(False, None), (False, None)]).events)
-    store.apply(_execution("all-drifted", [(True, 0), (True, 7)]).events)
-    store.apply(_execution("mixed", [(False, None), (True, None), (True, 12), (True, None)]).events)
-    store.apply(_execution("mixed", [(True, 9)]).events)
+    store.apply(drift_execution("unchecked", [(False, None), (False, None)]).events)
+    store.apply(drift_execution("all-drifted", [(True, 0), (True, 7)]).events)
+    store.apply(drift_execution("mixed", [(False, None), (True, None), (True, 12), (True, None)]).events)
+    store.apply(drift_execution("mixed", [(True, 9)]).events)
     got = {d.run_id: d for d in store.drift()}
     assert list(got) == ["all-drifted", "mixed", "unchecked"], "ordered by run id"
     unchecked = got["unchecked"]
@@ -52,8 +39,8 @@ def test_rate_per_run_on_the_boundaries(store: Store) -> None:
 
 
 def test_drifted_calls_keep_where_each_first_differed(store: Store) -> None:
-    first = _execution("r", [(True, 0), (True, None), (True, 3)])
-    second = _execution("r", [(True, 5)])
+    first = drift_execution("r", [(True, 0), (True, None), (True, 3)])
+    second = drift_execution("r", [(True, 5)])
     store.apply(first.events)
     store.apply(second.events)
     calls = [e for e in first.events if isinstance(e, ModelCall)]
@@ -68,7 +55,7 @@ def test_drifted_calls_keep_where_each_first_differed(store: Store) -> None:
 
 
 def test_a_rebuild_from_the_events_keeps_the_drift(store: Store) -> None:
-    store.apply(_execution("r", [(True, 0), (True, None), (False, None)]).events)
+    store.apply(drift_execution("r", [(True, 0), (True, None), (False, None)]).events)
     before = store.drift()
     live = store.projection_hash()
     store.rebuild_projections()
@@ -77,7 +64,7 @@ def test_a_rebuild_from_the_events_keeps_the_drift(store: Store) -> None:
 
 
 def test_the_drift_fields_are_validated_and_old_events_stay_valid() -> None:
-    w = _execution("r", [(True, 4)])
+    w = drift_execution("r", [(True, 4)])
     call = next(e for e in w.events if isinstance(e, ModelCall))
     back = decode(encode(call))
     assert isinstance(back, ModelCall)
@@ -100,10 +87,27 @@ def test_sqlite_migration_round_trip_keeps_calls(tmp_path: Path) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'm.db'}", migrate=False)
     store.migrate("0010")
     store.migrate()
-    store.apply(_execution("r", [(True, 2)]).events)
+    store.apply(drift_execution("r", [(True, 2)]).events)
     store.downgrade("0010")
     store.migrate()
     (run,) = store.drift()
     assert (run.calls, run.checked, run.drifted, run.first_position) == (1, 0, 0, None), \
         "a call stored before 0011 reads as unchecked"
     store.close()
+
+
+def test_sapwood_stats_prints_the_run_level_drift_table(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    store = Store.open(url)
+    store.apply(drift_execution("sdk", [(False, None)]).events)
+    runner = CliRunner()
+    quiet = runner.invoke(app, ["stats", "--database-url", url])
+    assert quiet.exit_code == 0, quiet.output
+    assert "Retokenization drift" not in quiet.output, "no call checked: no table"
+    store.apply(drift_execution("chat", [(True, 0), (True, None), (True, None), (True, 4)]).events)
+    store.close()
+    result = runner.invoke(app, ["stats", "--database-url", url], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.output.splitlines() if " chat " in line]
+    assert [cell.strip() for cell in row.split("│")[1:-1]] == ["chat", "4", "4", "2", "50.00%", "0"]
+    assert " sdk " not in result.output.split("Retokenization drift")[1], "unchecked runs are left out"
