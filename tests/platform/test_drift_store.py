@@ -20,9 +20,9 @@ from tests.support.histories import drift_execution
 
 def test_rate_per_run_on_the_boundaries(store: Store) -> None:
     store.apply(drift_execution("unchecked", [(False, None), (False, None)]).events)
-    store.apply(drift_execution("all-drifted", [(True, 0), (True, 7)]).events)
-    store.apply(drift_execution("mixed", [(False, None), (True, None), (True, 12), (True, None)]).events)
-    store.apply(drift_execution("mixed", [(True, 9)]).events)
+    store.apply(drift_execution("all-drifted", [(True, 0), (True, 6)]).events)
+    store.apply(drift_execution("mixed", [(False, None), (True, None), (True, 7), (True, None)]).events)
+    store.apply(drift_execution("mixed", [(True, 3)]).events)
     got = {d.run_id: d for d in store.drift()}
     assert list(got) == ["all-drifted", "mixed", "unchecked"], "ordered by run id"
     unchecked = got["unchecked"]
@@ -31,7 +31,7 @@ def test_rate_per_run_on_the_boundaries(store: Store) -> None:
     every = got["all-drifted"]
     assert (every.checked, every.drifted, every.rate, every.first_position) == (2, 2, 1.0, 0), "position 0 kept"
     mixed = got["mixed"]
-    assert (mixed.calls, mixed.checked, mixed.drifted, mixed.first_position) == (5, 4, 2, 9)
+    assert (mixed.calls, mixed.checked, mixed.drifted, mixed.first_position) == (5, 4, 2, 3)
     assert mixed.rate is not None
     assert math.isclose(mixed.rate, 0.5)
     assert store.drift("mixed") == [mixed]
@@ -40,7 +40,7 @@ def test_rate_per_run_on_the_boundaries(store: Store) -> None:
 
 def test_drifted_calls_keep_where_each_first_differed(store: Store) -> None:
     first = drift_execution("r", [(True, 0), (True, None), (True, 3)])
-    second = drift_execution("r", [(True, 5)])
+    second = drift_execution("r", [(True, 4)])
     store.apply(first.events)
     store.apply(second.events)
     calls = [e for e in first.events if isinstance(e, ModelCall)]
@@ -51,7 +51,7 @@ def test_drifted_calls_keep_where_each_first_differed(store: Store) -> None:
         assert drifted_calls(conn, "other", limit=10) == []
     assert got == [DriftedCall(calls[0].call_id, first.execution_id, calls[0].seq or 0, 0),
                    DriftedCall(calls[2].call_id, first.execution_id, calls[2].seq or 0, 3),
-                   DriftedCall(later.call_id, second.execution_id, later.seq or 0, 5)]
+                   DriftedCall(later.call_id, second.execution_id, later.seq or 0, 4)]
 
 
 def test_a_rebuild_from_the_events_keeps_the_drift(store: Store) -> None:
@@ -111,3 +111,11 @@ def test_sapwood_stats_prints_the_run_level_drift_table(tmp_path: Path) -> None:
     (row,) = [line for line in result.output.splitlines() if " chat " in line]
     assert [cell.strip() for cell in row.split("│")[1:-1]] == ["chat", "4", "4", "2", "50.00%", "0"]
     assert " sdk " not in result.output.split("Retokenization drift")[1], "unchecked runs are left out"
+
+
+def test_a_drift_position_past_the_end_of_the_input_is_refused(store: Store) -> None:
+    at_end = drift_execution("r", [(True, 4)])  # input: 3 prompt ids + 1 appended; a prompt may stop in the output
+    store.apply(at_end.events)
+    assert store.drift("r")[0].first_position == 4
+    with pytest.raises(ValidationError, match="drift_at 5 is past the end of its input"):
+        store.apply(drift_execution("r", [(True, 5)]).events)

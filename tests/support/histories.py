@@ -31,7 +31,7 @@ def expected_input(writer: ExecutionWriter, call: ModelCall) -> np.ndarray:
 
 def drift_execution(run_id: str, checks: list[tuple[bool, int | None]]) -> ExecutionWriter:
     """One finished execution of ``run_id`` with one call per ``(drift_checked, drift_at)``, each continuing
-    the last."""
+    the last: call k's input holds 4 + 2k ids (3 prompt ids, then one appended id and one output id per call)."""
     w = ExecutionWriter(run_id=run_id, task_id=f"{run_id}-task")
     w.start()
     parent = w.prompt(np.array([1, 2, 3], dtype=np.int32)).node_id
