@@ -242,6 +242,7 @@ def test_the_runs_page_shows_the_run_level_drift_table(page: Page, served: Serve
             for row in page.locator("#drift-table tbody tr").all()]
     assert rows == [[DRIFT_RUN, "4", "3", "2", "66.67 %", "0"]], "only the checked run; position 0 is shown"
     assert served.api("/v1/drift")["runs"][0]["run_id"] == DRIFT_RUN
+    page.locator("#drift-table").scroll_into_view_if_needed()
     shot(page, "drift")
     assert served.console == []
 
