@@ -28,6 +28,7 @@ from sapwood.platform.events import CellHeartbeat, CellRegistered, RoleAssigned
 from sapwood.platform.store import Store
 from sapwood.platform.writer import ExecutionWriter
 from tests.support.api_client import calls_of, load_executions
+from tests.support.histories import drift_execution
 from tests.support.live_server import sapwood_serve, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,8 @@ def hostile_execution() -> ExecutionWriter:
 
 
 BIDI_TEXT = "\u202Elive \u2066x\u2069"
+#: the one run with chat calls checked for retokenization drift: 3 checked, 2 drifted (one at position 0)
+DRIFT_RUN = "chat-drift"
 BIG_NODES = 16_384
 
 
@@ -146,6 +149,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     big, bidi = big_execution(), bidi_execution()
     store.apply(big.events)
     store.apply(bidi.events)
+    store.apply(drift_execution(DRIFT_RUN, [(False, None), (True, None), (True, 0), (True, 5)]).events)
     with store.transaction() as conn:
         key = create_key(conn, "viewer", "read")[0]
         runs.create_run(conn, "replay-1", runs.ExecutionFilter(run_id="rollout-a"), seed=3, description="warm-up")
@@ -229,6 +233,18 @@ def test_pages_load_without_console_errors(page: Page, served: Served) -> None:
     assert page.evaluate("sessionStorage.getItem('sapwood.apiKey')") == served.key
     assert page.evaluate("localStorage.length") == 0
     assert served.key not in served.log.read_text()
+
+
+def test_the_runs_page_shows_the_run_level_drift_table(page: Page, served: Served) -> None:
+    login(page, served)
+    page.wait_for_selector("#drift-table table")
+    rows = [[cell.strip() for cell in row.locator("td").all_text_contents()]
+            for row in page.locator("#drift-table tbody tr").all()]
+    assert rows == [[DRIFT_RUN, "4", "3", "2", "66.67 %", "0"]], "only the checked run; position 0 is shown"
+    assert served.api("/v1/drift")["runs"][0]["run_id"] == DRIFT_RUN
+    page.locator("#drift-table").scroll_into_view_if_needed()
+    shot(page, "drift")
+    assert served.console == []
 
 
 def test_filters_narrow_the_executions(page: Page, served: Served) -> None:

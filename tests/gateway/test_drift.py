@@ -1,16 +1,19 @@
-"""Retokenization drift: counted per run when the previous chat output does not come back verbatim."""
+"""Retokenization drift: counted per run, and stored with each call, when the previous chat output does not
+come back verbatim."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import httpx
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sapwood.gateway.app import GatewayConfig, create_app
 from sapwood.gateway.drift import check_drift
+from sapwood.platform import schema as t
 from sapwood.platform.store import Store
 from sapwood.rollout.transports import InProcessTransport
 from tests.support.stub_upstream import render_chat, stub_app
@@ -65,5 +68,12 @@ def test_chat_turns_with_the_assistant_text_changed_are_recorded_and_counted_per
     prev_prompt = render_chat(kept)
     third_prompt = render_chat([*kept, edited, {"role": "user", "content": "again"}])
     assert check_drift(prev_prompt, [ord(c) for c in second["content"]], third_prompt).position == len(prev_prompt) + 2
+    with store.transaction() as conn:  # the check is stored with each call, where it first differed included
+        stored = [tuple(r) for r in conn.execute(sa.select(t.calls.c.drift_checked, t.calls.c.drift_at)
+                                                 .order_by(t.calls.c.seq)).all()]
+    assert stored == [(False, None), (True, None), (True, len(prev_prompt) + 2)]
+    (run,) = store.drift("drift")
+    assert (run.calls, run.checked, run.drifted, run.first_position) == (3, 2, 1, len(prev_prompt) + 2)
+    assert run.rate == 0.5
     transport.close()
     store.close()

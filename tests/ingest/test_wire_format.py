@@ -51,7 +51,7 @@ def _execution(compress: str) -> spec.SpecExecution:
     out = ex.call(root, [1, 2], [3, 4, 5], [-0.5, -0.25, -1.0])
     obs = ex.observe(out, [6, 7, 8, 9])
     ex.fork(obs, 2)
-    side = ex.call(obs, [10], [11, 12], [-0.1, -0.2])
+    side = ex.call(obs, [10], [11, 12], [-0.1, -0.2], drift_at=0)  # drifted at the first input id
     ex.observe(side, [13])
     summary = ex.call(obs, [14], [15, 16], [-0.3, -0.4], kind="summary")
     seg = ex.compact(summary, [*task, 15, 16])
@@ -74,7 +74,10 @@ def test_headers_match_the_published_schema() -> None:
                          ({**call, "arrays": [["output_ids", "<i8", 3]]}, "dtype"),
                          ({**call, "fields": {**call["fields"], "parent_id": None}}, "unknown field"),
                          ({**policy_header, "seq": 0}, "run-scoped seq"),
-                         ({k: v for k, v in call.items() if k != "created_at"}, "created_at")]:
+                         ({k: v for k, v in call.items() if k != "created_at"}, "created_at"),
+                         ({**call, "fields": {**call["fields"], "drift_at": 3}}, "drift_at unchecked"),
+                         ({**call, "fields": {**call["fields"], "drift_checked": True, "drift_at": -1}}, "drift_at"),
+                         ({**call, "fields": {**call["fields"], "drift_checked": 1}}, "drift_checked")]:
         assert not validator.is_valid(broken), what
 
 
@@ -101,11 +104,15 @@ def test_spec_events_are_accepted_and_reconstruct_exactly(pg_url: str, kafka_boo
     with store.engine.connect() as conn:
         letters = conn.execute(sa.select(t.dead_letters.c.reason, t.dead_letters.c.message)).all()
         calls = dict(conn.execute(sa.select(t.calls.c.call_id, t.calls.c.segment)).all())
+        drift = conn.execute(sa.select(t.calls.c.drift_checked, t.calls.c.drift_at, sa.func.count())
+                             .group_by(t.calls.c.drift_checked, t.calls.c.drift_at)
+                             .order_by(t.calls.c.drift_checked)).all()
         finished = conn.execute(sa.select(t.executions.c.status).where(
             t.executions.c.execution_id.in_([ex.execution_id for ex in executions]))).scalars().all()
     assert letters == [], letters
     assert duplicates == len(executions[0].records)
     assert finished == ["success", "success"]
+    assert [tuple(r) for r in drift] == [(False, None, 8), (True, 0, 2)], "one drifted call per execution"
     for ex in executions:
         for call_id, full in ex.inputs.items():
             np.testing.assert_array_equal(store.reconstruct_input(call_id), np.array(full, dtype=np.int32))

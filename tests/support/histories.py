@@ -27,3 +27,16 @@ def expected_input(writer: ExecutionWriter, call: ModelCall) -> np.ndarray:
     if call.parent is None:
         return np.asarray(call.appended)
     return np.concatenate([writer.context(call.parent), call.appended])
+
+
+def drift_execution(run_id: str, checks: list[tuple[bool, int | None]]) -> ExecutionWriter:
+    """One finished execution of ``run_id`` with one call per ``(drift_checked, drift_at)``, each continuing
+    the last: call k's input holds 4 + 2k ids (3 prompt ids, then one appended id and one output id per call)."""
+    w = ExecutionWriter(run_id=run_id, task_id=f"{run_id}-task")
+    w.start()
+    parent = w.prompt(np.array([1, 2, 3], dtype=np.int32)).node_id
+    for checked, at in checks:
+        parent = w.call(parent, np.array([4], dtype=np.int32), [5], np.array([-0.5], dtype=np.float32),
+                        drift_checked=checked, drift_at=at).output_node_id
+    w.finish()
+    return w

@@ -98,11 +98,13 @@ class SpecExecution:
         return node
 
     def call(self, parent: str | None, appended: list[int], output: list[int], logprobs: list[float], *,
-             kind: str = "action") -> str:
-        """A model call; ``parent=None`` sends the full input in ``appended``. Returns the output node id."""
+             kind: str = "action", drift_at: int | None = None) -> str:
+        """A model call; ``parent=None`` sends the full input in ``appended``; ``drift_at``: a checked call that
+        drifted there (sent as ``drift_checked`` true and ``drift_at``). Returns the output node id."""
         full = (self.contexts[parent] if parent else []) + appended
+        drift = {} if drift_at is None else {"drift_checked": True, "drift_at": drift_at}
         eid = self._emit("model_call", {"call_kind": kind, "parent": parent, "input_digest": input_digest(full),
-                                        "policy_version": 0, "finish_reason": "stop"},
+                                        "policy_version": 0, "finish_reason": "stop", **drift},
                          [("appended", "<i4", pack_ids(appended), len(appended)),
                           ("output_ids", "<i4", pack_ids(output), len(output)),
                           ("output_logprobs", "<f4", pack_logprobs(logprobs), len(logprobs))])

@@ -482,6 +482,33 @@ class StatsOut(_Out):
     ingest_lag_reason: str | None = Field(description="why ingest_lag is null")
 
 
+class DriftedCallOut(_Out):
+    call_id: str
+    execution_id: str
+    seq: int
+    position: int = Field(description="index in the call's input of the first id that differs from the previous "
+                                      "call's output ids")
+
+
+class RunDriftOut(_Out):
+    """Retokenization drift of one run's calls (``calls``: model calls recorded under the run id)."""
+
+    run_id: str
+    calls: int
+    checked: int = Field(description="chat calls whose input continued the previous call's context (checked)")
+    drifted: int = Field(description="checked calls whose previous output ids did not come back verbatim")
+    rate: float | None = Field(description="drifted / checked; null when no call was checked")
+    first_position: int | None = Field(description="smallest drift position over the run's calls; null: no drift")
+
+
+class RunDriftDetail(RunDriftOut):
+    drifted_calls: list[DriftedCallOut] = Field(description="the earliest recorded drifted calls (up to limit)")
+
+
+class DriftTable(_Out):
+    runs: list[RunDriftOut] = Field(description="every run with at least one checked call, by run id")
+
+
 class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

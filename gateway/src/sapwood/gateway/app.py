@@ -225,7 +225,7 @@ class Gateway:
         """Record ``choices`` in the session's execution; returns (placement kind, call event)s.
 
         ``chat``: check each choice's prompt for retokenization drift against the session's last call
-        (counted per run; the first differing position is logged)."""
+        (counted per run in the metrics, and kept on the call event: ``drift_checked``, ``drift_at``)."""
         kinds: list[tuple[str, ModelCall]] = []
         with self._lock:
             session = self.sessions.touch(ref, time.monotonic())
@@ -233,6 +233,7 @@ class Gateway:
             version = int(ref.labels.get("policy_version", "0") or 0)
             run = session.labels.get("run", self.config.run_id)
             for c in choices:
+                drift = DriftCheck(False)
                 if chat and session.tree.contexts:
                     drift = self._check_drift(session, c.prompt_ids)
                     if drift.checked:
@@ -249,7 +250,7 @@ class Gateway:
                          if placement.kind == "next" and placement.parent is not None else None)
                 call = ex.call(
                     c.prompt_ids, c.output_ids, c.logprobs, policy_version=version, finish_reason=c.finish_reason,
-                    after=after,
+                    after=after, drift_checked=drift.checked, drift_at=drift.position,
                 )
                 session.call_nodes.append(call.output_node_id)
                 self.placements.labels(placement.kind).inc()

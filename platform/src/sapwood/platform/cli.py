@@ -5,13 +5,16 @@ from __future__ import annotations
 import importlib
 import json
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from sapwood.platform.settings import Settings
+
+if TYPE_CHECKING:
+    from sapwood.platform.store import Store
 
 app = typer.Typer(help="Sapwood: the trajectory data platform for long-horizon agent RL.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
@@ -88,11 +91,12 @@ def synth(
 
 @app.command()
 def stats(database_url: DatabaseOpt = None) -> None:
-    """Print store statistics (tokens, dedup ratio, executions by status)."""
+    """Print store statistics (tokens, dedup ratio, executions by status, retokenization drift per run)."""
     from sapwood.platform.store import Store
 
     store = Store.open(_url(database_url))
     _print_stats(store.stats())
+    _print_drift(store)
     from sapwood.platform.prompts import all_prompt_progress
 
     with store.transaction() as conn:
@@ -107,6 +111,20 @@ def stats(database_url: DatabaseOpt = None) -> None:
                     run_id, str(epoch), *(f"{counts[k]:,}" for k in ("pending", "claimed", "done", "abandoned"))
                 )
         console.print(table)
+
+
+def _print_drift(store: Store) -> None:
+    """The run-level drift table: runs with at least one chat call checked for retokenization drift."""
+    rows = [d for d in store.drift() if d.checked]
+    if not rows:
+        return
+    table = Table(title="Retokenization drift (chat calls whose previous output did not come back verbatim)")
+    for col in ("run", "calls", "checked", "drifted", "rate", "first position"):
+        table.add_column(col)
+    for d in rows:
+        table.add_row(d.run_id, f"{d.calls:,}", f"{d.checked:,}", f"{d.drifted:,}", f"{d.rate:.2%}",
+                      "-" if d.first_position is None else str(d.first_position))
+    console.print(table)
 
 
 @app.command()

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     UniqueConstraint,
     Uuid,
+    false,
 )
 from sqlalchemy.dialects import postgresql
 
@@ -138,6 +139,10 @@ calls = Table(
     Column("timings", RecordJson, nullable=False),
     Column("sampling_params", RecordJson, nullable=True),
     Column("created_at", Float, nullable=False),
+    Column("drift_checked", Boolean, nullable=False, server_default=false(),
+           comment="the input continued the previous chat call's context (retokenization drift checked)"),
+    Column("drift_at", Integer, nullable=True,
+           comment="index in the input of the first id differing from the previous call's output; null: none"),
 )
 Index("ix_calls_input_node", calls.c.input_node)
 

@@ -16,6 +16,7 @@ from sapwood.platform.phase_timer import PhaseTimer
 from sapwood.platform.projection import projection_hash, rebuild_projections
 from sapwood.platform.storage.backends import transactions, tree_reader
 from sapwood.platform.storage.calls import output_digests
+from sapwood.platform.storage.drift import RunDrift, drift_by_run
 from sapwood.platform.storage.engines import make_engine
 from sapwood.platform.storage.errors import lost_write_race, translate_errors
 from sapwood.platform.storage.spans import load_spans
@@ -145,6 +146,11 @@ class Store:
             "span_rows": counts.span_rows,
             "span_bytes": counts.span_bytes,
         }
+
+    def drift(self, run_id: str | None = None) -> list[RunDrift]:
+        """Retokenization drift per run (every run with calls, or only ``run_id``): checked, drifted, rate."""
+        with self.transaction() as conn:
+            return drift_by_run(conn, run_id)
 
     def finished_executions(self, run_id: str) -> int:
         """How many executions of ``run_id`` have finished (status success, timeout or error)."""

@@ -168,8 +168,10 @@ class ExecutionWriter:
         finish_reason: str = "stop",
         timings: dict[str, float] | None = None,
         sampling_params: dict[str, Any] | None = None,
+        drift_checked: bool = False,
+        drift_at: int | None = None,
     ) -> ModelCall:
-        """Record a model call whose input is ``context(parent) + appended``."""
+        """Record a model call whose input is ``context(parent) + appended`` (drift: :class:`ModelCall`)."""
         app = as_tokens(appended, name="appended input")
         out = as_tokens(output_ids, name="output ids")
         lps = as_logprobs(output_logprobs, name="output log-probs")
@@ -181,7 +183,8 @@ class ExecutionWriter:
         state.update(pack(app))
         ev = ModelCall(call_kind=kind, parent=parent, appended=app, input_digest=state.hexdigest(),  # type: ignore[arg-type]
                        output_ids=out, output_logprobs=lps, policy_version=policy_version,
-                       finish_reason=finish_reason, timings=dict(timings or {}), sampling_params=sampling_params)
+                       finish_reason=finish_reason, timings=dict(timings or {}), sampling_params=sampling_params,
+                       drift_checked=drift_checked, drift_at=drift_at)
         self._next(ev)
         in_node = parent
         if app.size:

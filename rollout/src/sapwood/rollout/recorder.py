@@ -299,12 +299,15 @@ class ExecutionRecorder:
         timings: dict[str, float] | None = None,
         sampling_params: dict[str, Any] | None = None,
         after: NodeRef | None = None,
+        drift_checked: bool = False,
+        drift_at: int | None = None,
     ) -> ModelCall:
         """Record one engine call: the exact ``input_ids`` it saw, its output ids and rollout log-probs.
 
         The input is matched against the tree: the deepest node whose context prefixes it
         becomes the parent (``after`` pins it: the input must then start with that node's
-        context). Returns the :class:`ModelCall` event (``call_id``, ``output_node_id``).
+        context). ``drift_checked`` / ``drift_at``: the retokenization drift check of a chat call
+        (:class:`ModelCall`). Returns the :class:`ModelCall` event (``call_id``, ``output_node_id``).
         """
         self._ready()
         ids = as_tokens(input_ids, name="input_ids")
@@ -338,7 +341,8 @@ class ExecutionRecorder:
                 self._queue(ev)
                 parent = ev.node_id
         call = self._writer.call(parent, chunks[-1], out, lps, kind=kind, policy_version=policy_version,
-                                 finish_reason=finish_reason, timings=timings, sampling_params=sampling_params)
+                                 finish_reason=finish_reason, timings=timings, sampling_params=sampling_params,
+                                 drift_checked=drift_checked, drift_at=drift_at)
         self._queue(call)
         self.head = call.output_node_id
         self.n_calls += 1

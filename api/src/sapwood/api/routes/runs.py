@@ -11,8 +11,9 @@ from sapwood.api import writes
 from sapwood.api.deps import CursorQuery, LimitDep, ReadKey, ServicesDep, WriteKey
 from sapwood.api.idempotency import Answer, IdempotencyKey, idempotent, json_bytes
 from sapwood.api.queries import executions as q
+from sapwood.api.queries.drift import run_drift
 from sapwood.api.routes import AUTH_ERRORS, CONFLICT, NOT_FOUND, TOO_LARGE
-from sapwood.api.schemas import NO_NUL, RunCreate, RunCreated, RunItemsPage, RunOut, RunPage
+from sapwood.api.schemas import NO_NUL, RunCreate, RunCreated, RunDriftDetail, RunItemsPage, RunOut, RunPage
 from sapwood.platform.errors import ConflictError
 from sapwood.platform.storage.errors import from_driver
 
@@ -64,3 +65,12 @@ def run_items(run_id: RunIdPath, services: ServicesDep, _key: ReadKey, limit: Li
     """A training run's queue in claim order, with each item's state."""
     with services.read() as conn:
         return q.run_items(conn, run_id, limit=limit, cursor=cursor, cursors=services.cursors)
+
+
+@router.get("/{run_id}/drift", response_model=RunDriftDetail)
+def get_run_drift(run_id: RunIdPath, services: ServicesDep, _key: ReadKey, limit: LimitDep) -> dict[str, Any]:
+    """Retokenization drift of the run's chat calls (recorded by the gateway): calls checked, calls drifted,
+    the rate (null when none was checked) and the earliest drifted calls with where each first differed.
+    A run id with no recorded calls reads all zeros."""
+    with services.snapshot() as conn:
+        return run_drift(conn, run_id, limit=limit)

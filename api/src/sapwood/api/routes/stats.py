@@ -7,9 +7,10 @@ from typing import Any
 from fastapi import APIRouter
 
 from sapwood.api.deps import ReadKey, ServicesDep
+from sapwood.api.queries.drift import drift_table
 from sapwood.api.queries.stats import store_stats
 from sapwood.api.routes import AUTH_ERRORS
-from sapwood.api.schemas import StatsOut
+from sapwood.api.schemas import DriftTable, StatsOut
 
 router = APIRouter(prefix="/v1", tags=["stats"], responses=AUTH_ERRORS)
 
@@ -23,3 +24,11 @@ def stats(services: ServicesDep, _key: ReadKey) -> dict[str, Any]:
     with services.read() as conn:
         out.update(services.lag.read(conn))
     return out
+
+
+@router.get("/drift", response_model=DriftTable)
+def drift(services: ServicesDep, _key: ReadKey) -> dict[str, Any]:
+    """The run-level retokenization drift table: every run with at least one chat call checked (by the
+    gateway), with calls checked, calls drifted, the rate and the smallest position where a call drifted."""
+    with services.read() as conn:
+        return drift_table(conn)

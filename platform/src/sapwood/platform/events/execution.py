@@ -112,6 +112,10 @@ class ModelCall(Event):
     Input: ``parent`` node + ``appended`` tokens, with ``input_digest`` = hex BLAKE2b-128 of the
     full input (packed int32). With ``parent=None`` the ``appended`` tokens are the full input
     and the store shares whatever whole nodes of the execution's tree it already holds.
+
+    Retokenization drift (chat calls through the gateway): ``drift_checked`` says the input continued
+    the previous call's context; ``drift_at`` is the index in the full input of the first id that differs
+    from the previous call's output ids (None: they came back verbatim, or nothing was checked).
     """
 
     kind: ClassVar[str] = "model_call"
@@ -131,6 +135,8 @@ class ModelCall(Event):
     finish_reason: str = "stop"
     timings: dict[str, float] = field(default_factory=dict)
     sampling_params: dict[str, Any] | None = None
+    drift_checked: bool = False
+    drift_at: int | None = None
 
     @property
     def call_id(self) -> str:
@@ -166,6 +172,19 @@ class ModelCall(Event):
             )
         if not isinstance(self.policy_version, int) or self.policy_version < 0:
             raise ValidationError(f"policy_version must be an integer ≥ 0, got {self.policy_version!r}")
+        self._validate_drift()
+
+    def _validate_drift(self) -> None:
+        if not isinstance(self.drift_checked, bool):
+            raise ValidationError(f"model_call.drift_checked must be a boolean, got {self.drift_checked!r}",
+                                  event_id=self.event_id)
+        if self.drift_at is None:
+            return
+        if isinstance(self.drift_at, bool) or not isinstance(self.drift_at, int) or self.drift_at < 0:
+            raise ValidationError(f"model_call.drift_at must be an integer ≥ 0 or null, got {self.drift_at!r}",
+                                  event_id=self.event_id)
+        if not self.drift_checked:
+            raise ValidationError("model_call.drift_at needs drift_checked true", event_id=self.event_id)
 
     def check_numbers(self) -> None:
         lp = self.output_logprobs

@@ -162,6 +162,9 @@ def _call(e: ModelCall, plan: Planning, st: Row | None, refs: Refs) -> Overrides
             "the exact input ids",
             event_id=e.event_id,
         )
+    if e.drift_at is not None and e.drift_at > full_len:  # a prompt may stop inside the output: at the end
+        raise ValidationError(f"model_call {e.event_id}: drift_at {e.drift_at} is past the end of its input "
+                              f"({full_len} tokens)", event_id=e.event_id)
     if appended.size:
         tree.check_new(event_input_id or "", e)
     tree.check_new(output_id, e)
@@ -197,6 +200,8 @@ def _call(e: ModelCall, plan: Planning, st: Row | None, refs: Refs) -> Overrides
         "timings": e.timings,
         "sampling_params": e.sampling_params,
         "created_at": e.created_at,
+        "drift_checked": e.drift_checked,
+        "drift_at": e.drift_at,
     })
     count_call(st, input_len=full_len, n_output=int(output.size), policy_version=e.policy_version)
     # Stored normalized when the full input was sent: the matched node as parent, only the rest as tokens.

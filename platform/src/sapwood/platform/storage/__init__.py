@@ -15,7 +15,7 @@ implementations, so no interface module depends on a dialect's):
 - :mod:`.api_keys` and :mod:`.transactions`: :func:`.backends.api_key_store`, :func:`.backends.transactions`.
 
 Smaller reads and writes beside them: :mod:`.executions`, :mod:`.calls`, :mod:`.cells`,
-:mod:`.scheduler_signals`, :mod:`.learner_reads`, :mod:`.store_stats`, :mod:`.deadletters`,
+:mod:`.scheduler_signals`, :mod:`.learner_reads`, :mod:`.store_stats`, :mod:`.drift`, :mod:`.deadletters`,
 :mod:`.dialects` picks an implementation for a backend.
 One contract suite per interface (``tests/platform/storage/``) runs against SQLite and PostgreSQL.
 This package imports nothing on purpose (its modules are imported by full path), so importing one

@@ -155,8 +155,27 @@ function progressBar(p) {
   return el("div", { class: "progress-cell" }, bar, `${p.done}/${total} done, ${p.claimed} claimed`);
 }
 
+// The run-level retokenization drift table (/v1/drift): runs with chat calls the gateway checked.
+function driftTable(drift) {
+  if (!drift.runs.length) return [];
+  const pct = (rate) => (rate === null ? "—" : `${(100 * rate).toFixed(2)} %`);
+  return [el("h2", {}, "Retokenization drift"),
+    el("p", { class: "muted" }, "Chat calls whose input continued the previous call's context (checked) and " +
+      "those where the previous output ids did not come back verbatim (drifted); first position: the smallest " +
+      "input index where a call drifted."),
+    el("div", { id: "drift-table" }, table([
+      { label: "run", cell: (r) => link(`#/run/${encodeURIComponent(r.run_id)}`, r.run_id) },
+      { label: "calls", cell: (r) => r.calls },
+      { label: "checked", cell: (r) => r.checked },
+      { label: "drifted", cell: (r) => r.drifted },
+      { label: "rate", cell: (r) => pct(r.rate) },
+      { label: "first position", cell: (r) => fmt(r.first_position) },
+    ], drift.runs))];
+}
+
 async function pageRuns(params) {
-  const page = await api("/v1/runs", { limit: 50, cursor: params.get("cursor") });
+  const [page, drift] = await Promise.all([api("/v1/runs", { limit: 50, cursor: params.get("cursor") }),
+    api("/v1/drift")]);
   const rows = page.items;
   return el("section", {},
     el("h1", {}, "Runs"),
@@ -171,7 +190,8 @@ async function pageRuns(params) {
       { label: "created", cell: (r) => when(r.created_at) },
       { label: "description", cell: (r) => r.description || "" },
     ], rows, "no runs yet"),
-    pager(page.next_cursor, "#/runs", params));
+    pager(page.next_cursor, "#/runs", params),
+    ...driftTable(drift));
 }
 
 function pager(nextCursor, base, params) {
