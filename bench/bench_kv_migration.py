@@ -20,7 +20,7 @@ import ray
 import torch
 
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
-from sapwood.scheduler.runtime.cluster import CellActor
+from sapwood.scheduler.runtime.cluster import CellActor, init_ray
 from sapwood.scheduler.runtime.switch import CheaperHandoff
 
 
@@ -40,7 +40,7 @@ def main() -> None:
                                 max_position=max(lengths) + 1)
     torch.manual_seed(0)
     state = TinyActorCritic(cfg).state_dict()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=2)
     src: Any
     dst: Any
     src, dst = (CellActor.options(max_concurrency=4).remote(c, cfg, state, role="rollout") for c in ("src", "dst"))

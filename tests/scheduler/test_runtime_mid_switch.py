@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime  # noqa: E402
+from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray  # noqa: E402
 from tests.support.elastic_runtime import Background, initial_state, model_config  # noqa: E402
 
 NAMESPACE = "sapwood-mid-switch"
@@ -24,7 +24,7 @@ NAMESPACE = "sapwood-mid-switch"
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+    init_ray(num_cpus=2, namespace=NAMESPACE)
     yield
     ray.shutdown()
 

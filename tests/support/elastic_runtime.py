@@ -14,7 +14,7 @@ import torch
 from sapwood.demo.elastic.executions import ExecutionOutcome, run_executions
 from sapwood.demo.tasks import KeyRecallConfig, KeyRecallEnv, KeyTask
 from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig
-from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime
+from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
 
 TASK = KeyRecallConfig(min_key=4, max_key=6, max_turns=10, context_limit=48, max_summary_tokens=7, fork_prob=0.0)
 
@@ -24,7 +24,7 @@ def local_ray() -> Iterator[None]:
     """One local Ray (2 CPUs) per test module that imports this fixture."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=2)
     yield
     ray.shutdown()
 

@@ -22,7 +22,7 @@ from sapwood.scheduler.runtime.router import Router
 from sapwood.scheduler.runtime.store_writer import StoreWriter, StoreWriterSink
 from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator, SwitchReport
 
-__all__ = ["CellActor", "CellSpec", "ElasticRuntime", "RouterActor", "StoreWriterActor", "init_ray"]
+__all__ = ["WORKER_NICENESS", "CellActor", "CellSpec", "ElasticRuntime", "RouterActor", "StoreWriterActor", "init_ray"]
 
 #: The actors: no CPU reserved (they share the cores with the executions), never restarted (a lost
 #: cell or writer is a fact the runtime reports, not something Ray hides).
@@ -31,14 +31,22 @@ RouterActor = ray.remote(num_cpus=0, max_restarts=0)(Router)
 StoreWriterActor = ray.remote(num_cpus=0, max_restarts=0)(StoreWriter)
 
 
-def init_ray(address: str | None = None, *, num_cpus: int = 2) -> None:
-    """Join the cluster at ``address`` or start a local Ray (no dashboard); no-op when already started."""
+#: Ray starts its workers at niceness 15 so that its own daemons stay responsive. Here the workers
+#: are the cells and execution hosts, the work itself: at 15 they starve behind any other busy
+#: process on the node (an environment, a compiler, a co-located job), so a local Ray starts them at 0.
+WORKER_NICENESS = 0
+
+
+def init_ray(address: str | None = None, *, num_cpus: int = 2, namespace: str | None = None) -> None:
+    """Join the cluster at ``address`` or start a local Ray (no dashboard, workers at
+    :data:`WORKER_NICENESS`); no-op when already started."""
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, namespace=namespace)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, namespace=namespace,
+                 _system_config={"worker_niceness": WORKER_NICENESS})
 
 
 @dataclass(frozen=True)
