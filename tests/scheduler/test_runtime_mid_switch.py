@@ -35,7 +35,7 @@ def _driver(address: str, prefix: str, fault: str | None) -> subprocess.Complete
         env["SAPWOOD_FAULT"] = fault
     return subprocess.run([sys.executable, "-m", "tests.support.switch_driver", address, NAMESPACE, prefix, "c0",
                            "train"],
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=1200)
 
 
 def test_a_switch_killed_mid_way_is_finished_by_the_restart_losing_and_duplicating_no_call(tmp_path) -> None:  # type: ignore[no-untyped-def]

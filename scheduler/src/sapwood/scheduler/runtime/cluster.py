@@ -22,7 +22,8 @@ from sapwood.scheduler.runtime.router import Router
 from sapwood.scheduler.runtime.store_writer import StoreWriter, StoreWriterSink
 from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator, SwitchReport
 
-__all__ = ["WORKER_NICENESS", "CellActor", "CellSpec", "ElasticRuntime", "RouterActor", "StoreWriterActor", "init_ray"]
+__all__ = ["LOCAL_START_ATTEMPTS", "WORKER_NICENESS", "CellActor", "CellSpec", "ElasticRuntime", "RouterActor",
+           "StoreWriterActor", "init_ray"]
 
 #: The actors: no CPU reserved (they share the cores with the executions), never restarted (a lost
 #: cell or writer is a fact the runtime reports, not something Ray hides).
@@ -37,16 +38,28 @@ StoreWriterActor = ray.remote(num_cpus=0, max_restarts=0)(StoreWriter)
 WORKER_NICENESS = 0
 
 
+#: Ray gives a starting raylet a fixed 30 s to register, which a heavily loaded node can miss; a local
+#: start is tried this many times before the error is raised.
+LOCAL_START_ATTEMPTS = 4
+
+
 def init_ray(address: str | None = None, *, num_cpus: int = 2, namespace: str | None = None) -> None:
     """Join the cluster at ``address`` or start a local Ray (no dashboard, workers at
-    :data:`WORKER_NICENESS`); no-op when already started."""
+    :data:`WORKER_NICENESS`, up to :data:`LOCAL_START_ATTEMPTS` tries); no-op when already started."""
     if ray.is_initialized():
         return
     if address:
         ray.init(address=address, log_to_driver=False, namespace=namespace)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, namespace=namespace,
-                 _system_config={"worker_niceness": WORKER_NICENESS})
+        return
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, namespace=namespace,
+                     _system_config={"worker_niceness": WORKER_NICENESS})
+            return
+        except Exception as e:  # Ray raises a bare Exception when its raylet misses the 30 s start window
+            if "timed out during startup" not in str(e) or attempt == LOCAL_START_ATTEMPTS:
+                raise
+            ray.shutdown()
 
 
 @dataclass(frozen=True)
