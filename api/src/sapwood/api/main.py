@@ -10,7 +10,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from sapwood.api import timing
+from sapwood.api import gc_policy, timing
 from sapwood.api.auth import KeyVerifier
 from sapwood.api.cache import LRU, ResponseCache
 from sapwood.api.config import ApiSettings
@@ -61,6 +61,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         await app.state.sapwood.versions.start()  # on the serving loop: it owns the listener
+        gc_policy.apply(freeze=settings.api_gc_freeze, gen0_threshold=settings.api_gc_gen0_threshold)
         async with timing.monitor(timing_log):
             yield
         await app.state.sapwood.versions.close()
