@@ -63,6 +63,14 @@ class ApiSettings(Settings):
         default=True, description="PostgreSQL: keep execution versions current by LISTEN/NOTIFY (cache hits need no "
                                   "query); off = query the version on every cached tree request",
     )
+    api_gc_freeze: bool = Field(default=True, description="freeze the objects alive after start-up (gc.freeze): "
+                                "full collections no longer walk them")
+    api_gc_gen0_threshold: int = Field(default=20_000, ge=0, description="allocations between the collector's "
+                                       "youngest passes (Python's default: 700; 0 = leave it)")
+    api_timing: bool = Field(default=False, description="send each response's time split (queue, key check, "
+                             "thread hops, pool, database, JSON, GC) as a Server-Timing header")
+    api_timing_dir: str = Field(default="", description="directory where each worker appends its requests' time "
+                                "splits, GC pauses and event-loop lag as JSON lines (empty = none)")
     api_docs: bool = Field(default=True, description="serve /docs and /openapi.json without a key")
     api_lag_timeout_s: float = Field(default=3.0, gt=0, description="Kafka timeout when measuring ingest lag")
     api_migrate: bool = Field(default=False, description="run migrations when the app starts (serve does it once)")

@@ -12,6 +12,7 @@ from fastapi import Depends, Query, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Connection
 
+from sapwood.api import timing
 from sapwood.api.auth import MISSING_KEY, KeyVerifier, Principal
 from sapwood.api.cache import ResponseCache
 from sapwood.api.config import ApiSettings
@@ -61,15 +62,20 @@ class Services:
         a rollback). For reads of immutable rows (calls, spans, paths) or of one row in one statement;
         reads that must agree with each other use :meth:`snapshot`.
         """
-        with translate_errors(), self.store.engine.connect() as conn:
+        with translate_errors(), self._connect() as conn:
             yield self.modes.statement_reads(conn)
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[Connection]:
         """A connection for reads whose statements all see one snapshot (REPEATABLE READ on PostgreSQL)."""
-        with translate_errors(), self.store.engine.connect() as conn:
+        with translate_errors(), self._connect() as conn:
             yield self.modes.snapshot(conn)
             conn.commit()  # see read()
+
+    def _connect(self) -> Connection:
+        """A pooled connection (the wait for it is the request's ``pool`` time, see :mod:`sapwood.api.timing`)."""
+        with timing.phase("pool"):
+            return self.store.engine.connect()
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
@@ -113,8 +119,9 @@ class RequireScope:
         if not raw:
             raise AuthenticationError(MISSING_KEY)
         verifier: KeyVerifier = request.app.state.sapwood.verifier
-        key_id, secret, record = await verifier.record_of(raw)
-        return verifier.check(record, key_id, secret, self.scope)
+        with timing.phase("key"):
+            key_id, secret, record = await verifier.record_of(raw)
+            return verifier.check(record, key_id, secret, self.scope)
 
 
 ReadKey = Annotated[Principal, Depends(RequireScope("read"))]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -26,6 +27,7 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sapwood.api.config import ApiSettings
+from sapwood.api.timing import RECEIVED
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._read_timer is None:
             self._arm_read_timer()
         super().on_message_begin()
+        self.scope[RECEIVED] = time.perf_counter()  # type: ignore[literal-required]  # the loop's backlog starts
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url), 0)

@@ -10,6 +10,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from sapwood.api import gc_policy, timing
 from sapwood.api.auth import KeyVerifier
 from sapwood.api.cache import LRU, ResponseCache
 from sapwood.api.config import ApiSettings
@@ -54,12 +55,15 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
     if store is None:
         store = open_store(settings)
     docs = settings.api_docs
+    timing_log = timing.TimingLog(settings.api_timing_dir) if settings.api_timing_dir else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         await app.state.sapwood.versions.start()  # on the serving loop: it owns the listener
-        yield
+        gc_policy.apply(freeze=settings.api_gc_freeze, gen0_threshold=settings.api_gc_gen0_threshold)
+        async with timing.monitor(timing_log):
+            yield
         await app.state.sapwood.versions.close()
         app.state.sapwood.exports.close()
 
@@ -95,6 +99,10 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
         app.add_middleware(CORSMiddleware, allow_origins=settings.api_cors_origins, allow_methods=["GET", "POST",
                            "DELETE"], allow_headers=["Authorization", "X-API-Key", "Content-Type"],
                            expose_headers=["ETag", "X-Sapwood-Verified"])
+    if settings.api_timing or timing_log is not None:  # outermost: its app time is the whole request's
+        timing.GC_CLOCK.install()
+        timing.instrument_engine(store.engine)
+        app.add_middleware(timing.TimingMiddleware, header=settings.api_timing, log=timing_log)
     for module in (health, stats, runs, prompts, executions, nodes, calls, export, keys, scheduler):
         app.include_router(module.router)
     mount_ui(app)

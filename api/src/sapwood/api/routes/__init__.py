@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from fastapi import Request, Response
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
+from sapwood.api import timing
 from sapwood.api.cache import Cached
 from sapwood.api.deps import Services
 from sapwood.api.schemas import ErrorOut
@@ -43,7 +43,8 @@ def dump(model: type[BaseModel], data: dict[str, Any]) -> bytes:
     schema tests (schemathesis' response-schema check on every route).
     """
     del model
-    return orjson.dumps(data, option=_ORJSON)
+    with timing.phase("json"):
+        return orjson.dumps(data, option=_ORJSON)
 
 
 def json_response(model: type[BaseModel], data: dict[str, Any]) -> Response:
@@ -70,7 +71,7 @@ async def cached(services: Services, key: Hashable, build: Callable[[], Cached],
     started before a write committed must not answer a request that came after it.
     """
     if not shared:
-        return await run_in_threadpool(build), "miss"
+        return await timing.in_thread(build), "miss"
     hit = services.cache.get(key)
     if hit is not None:
         return hit, "hit"
@@ -81,7 +82,7 @@ async def cached(services: Services, key: Hashable, build: Callable[[], Cached],
     future: asyncio.Future[Cached] = asyncio.get_running_loop().create_future()
     inflight[key] = future
     try:
-        entry = await run_in_threadpool(build)
+        entry = await timing.in_thread(build)
     except BaseException as exc:
         future.set_exception(exc)
         future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
