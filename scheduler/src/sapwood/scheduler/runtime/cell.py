@@ -11,9 +11,11 @@ the target cell through Ray's object store (:meth:`Cell.export_kv` / :meth:`Cell
 recomputed there (:meth:`Cell.prefill`). Agent loops and environments live in their own actors
 (:mod:`~sapwood.demo.elastic.executions`).
 
-``decode_delay_s`` adds a sleep after each generated token (× the call's ``decode_scale``), standing in
-for a larger model's per-token latency on a CPU where the tiny model decodes in microseconds (0 in
-production). :meth:`Cell.pause` holds every call in flight once it has generated ``after_tokens``
+Each cell has a device clock (:class:`~sapwood.scheduler.runtime.device_clock.DeviceClock`, costs in
+``device_costs``; ``decode_delay_s`` alone sets ``decode_token_s``): every generated token does its real
+computation and ends no earlier than its share of a batched decode step on the cell's clock (× the
+call's ``decode_scale``), so a busy cell cannot borrow an idle cell's CPU (0 costs in production).
+:meth:`Cell.pause` holds every call in flight once it has generated ``after_tokens``
 tokens (SGLang's in-place ``pause_generation``) until :meth:`Cell.resume` or an abort. Loading weights
 swaps in a new engine: calls in flight finish on the weights they started with, so a load never
 aborts a call; it empties the KV cache (computed on the old weights).
@@ -31,6 +33,7 @@ from sapwood.platform.events import CELL_ROLES
 from sapwood.rollout.engines import SamplingParams, load_model_state
 from sapwood.rollout.torch_engine import LocalTorchEngine, sampling_logprobs
 from sapwood.scheduler.runtime.call_digest import input_digest
+from sapwood.scheduler.runtime.device_clock import DeviceClock, DeviceCosts
 from sapwood.scheduler.runtime.kv_store import KVEntry, KVStore
 
 __all__ = ["Cell", "input_digest", "params_from_dict"]
@@ -64,7 +67,8 @@ class Cell:
 
     def __init__(self, cell_id: str, model_config: Any, state: dict[str, Any], *, version: int = 0,
                  capacity: int = 1, tier: str = "core", role: str = "idle", seed: int = 0,
-                 decode_delay_s: float = 0.0, kv_cache_bytes: int = KV_CACHE_BYTES) -> None:
+                 decode_delay_s: float = 0.0, kv_cache_bytes: int = KV_CACHE_BYTES,
+                 device_costs: DeviceCosts | None = None) -> None:
         import torch
 
         torch.set_num_threads(1)
@@ -74,7 +78,8 @@ class Cell:
         self.model_config = model_config
         self.engine = LocalTorchEngine(model_config, state=state, policy_version=version, seed=seed)
         self.generator = torch.Generator().manual_seed(seed)
-        self.decode_delay_s = decode_delay_s
+        self.costs = device_costs if device_costs is not None else DeviceCosts(decode_token_s=decode_delay_s)
+        self.clock = DeviceClock()
         self.draining = role != "rollout"
         self._calls: dict[str, _Call] = {}
         self._lock = threading.Lock()
@@ -143,8 +148,9 @@ class Cell:
                 if token in sp.stop_token_ids:
                     finish = "stop"
                     break
-                if self.decode_delay_s > 0:
-                    call.abort.wait(self.decode_delay_s * scale)
+                with self._lock:
+                    k = max(len(self._calls), 1)  # the calls sharing this decode step
+                self.clock.charge(self.costs.token_share_s(k, scale), t_step, abort=call.abort)
                 self._hold_if_paused(call)
             else:
                 # all tokens sampled; aborted during the last token's modelled delay: answered as aborted
@@ -349,5 +355,5 @@ class Cell:
                     "in_flight": len(self._calls), "draining": self.draining, "served": self.served,
                     "aborted": self.aborted, "prefix_hits": self.prefix_hits, "reused_tokens": self.reused_tokens,
                     "fed_tokens": self.fed_tokens, "kv_imports": self.kv_imports, **self.kv.stats(),
-                    "paused": self.paused, "held": self.held,
+                    "paused": self.paused, "held": self.held, **self.clock.stats(),
                     "policy_version": self.engine.policy_version}

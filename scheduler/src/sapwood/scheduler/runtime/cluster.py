@@ -18,6 +18,7 @@ from sapwood.platform.events import CellHeartbeat, CellRegistered, CellRole, Cel
 from sapwood.platform.storage.run_record import CallCounts, ExecutionRecord
 from sapwood.scheduler.decisions import DecisionRecorder
 from sapwood.scheduler.runtime.cell import Cell
+from sapwood.scheduler.runtime.device_clock import DeviceCosts
 from sapwood.scheduler.runtime.router import Router
 from sapwood.scheduler.runtime.store_writer import StoreWriter, StoreWriterSink
 from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator, SwitchReport
@@ -65,7 +66,7 @@ class ElasticRuntime:
     def __init__(self, database_url: str, specs: list[CellSpec], model_config: Any, state: dict[str, Any], *,
                  version: int = 0, seed: int = 0, decode_delay_s: float = 0.0, grace_s: float = 0.5,
                  policy_source: PolicySource | None = None, policy_name: str = "manual",
-                 actor_prefix: str | None = None) -> None:
+                 actor_prefix: str | None = None, device_costs: DeviceCosts | None = None) -> None:
         if len({s.cell_id for s in specs}) != len(specs):
             raise ValueError(f"cell ids must be unique, got {[s.cell_id for s in specs]}")
         named = (lambda what: {"name": f"{actor_prefix}-{what}", "lifetime": "detached"}) if actor_prefix else (
@@ -83,7 +84,7 @@ class ElasticRuntime:
             actor = CellActor.options(max_concurrency=s.capacity + 8, **named(f"cell-{s.cell_id}"))
             self.cells[s.cell_id] = actor.remote(s.cell_id, model_config, state, version=version, capacity=s.capacity,
                                                  tier=s.tier, role=s.role, seed=seed * 101 + i,
-                                                 decode_delay_s=decode_delay_s)
+                                                 decode_delay_s=decode_delay_s, device_costs=device_costs)
             self.roles[s.cell_id] = s.role
             self.sink.send(CellRegistered(cell_id=s.cell_id, tier=s.tier, capacity=s.capacity,
                                           metadata={"engine": "local-torch", "runtime": "ray"}))
