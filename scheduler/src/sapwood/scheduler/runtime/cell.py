@@ -80,6 +80,8 @@ class Cell:
         self.generator = torch.Generator().manual_seed(seed)
         self.costs = device_costs if device_costs is not None else DeviceCosts(decode_token_s=decode_delay_s)
         self.clock = DeviceClock()
+        self.group: Any = None  # a GroupMember once the cell joined the learner group
+        self._learner: Any = None
         self.draining = role != "rollout"
         self._calls: dict[str, _Call] = {}
         self._lock = threading.Lock()
@@ -133,6 +135,7 @@ class Cell:
                     break
                 with self._model_lock, torch.inference_mode():
                     t_step = time.perf_counter()
+                    t_device = time.monotonic()
                     if pending:
                         logits, past = engine.extend(pending, past)
                         fed.extend(pending)
@@ -150,7 +153,7 @@ class Cell:
                     break
                 with self._lock:
                     k = max(len(self._calls), 1)  # the calls sharing this decode step
-                self.clock.charge(self.costs.token_share_s(k, scale), t_step, abort=call.abort)
+                self.clock.charge(self.costs.token_share_s(k, scale), t_device, abort=call.abort)
                 self._hold_if_paused(call)
             else:
                 # all tokens sampled; aborted during the last token's modelled delay: answered as aborted
@@ -320,12 +323,73 @@ class Cell:
             self.loads += 1
             self.kv.clear()
 
-    def train_work(self, seconds: float) -> float:
-        """This cell's share of a training step, modelled as ``seconds`` of occupancy (the demo's cost model:
-        two shared CPU cores cannot show a data-parallel speed-up); returns seconds spent."""
-        t0 = time.perf_counter()
-        time.sleep(max(seconds, 0.0))
-        return time.perf_counter() - t0
+    # -- training on the cells (runtime/cell_learner.py) ---------------------------------------------
+    def join_group(self, spec: Any) -> None:
+        """Join the learner group ``spec`` (a ``GroupSpec``; every cell of the run calls it at once)."""
+        from sapwood.scheduler.runtime.cell_learner import GroupMember
+
+        self.group = GroupMember(spec, self.model_config, self.clock, lambda: self.costs, lambda: self.role)
+        self.group.join()
+        self.group.on_role(self.role)
+
+    def set_device_costs(self, costs: DeviceCosts) -> None:
+        """Charge this cell's work at ``costs`` from now on."""
+        self.costs = costs
+
+    def start_trainer(self, config: Any, state: dict[str, Any], seed: int = 0) -> int:
+        """Core: hold the learner replica (optimizer, policy version); returns the version."""
+        return int(self.group.start_trainer(config, state, seed).backend.policy_version)
+
+    def train_batch(self, batch: Any) -> dict[str, float]:
+        """Core: one SAO step on ``batch`` (a ``TreeBatch``) over the group's micro-batches."""
+        return dict(self.group.trainer.train_step(batch))
+
+    def start_learner(self, database_url: str, run_id: str, *, learner_id: str, checkpoint_dir: str,
+                      source_config: Any) -> None:
+        """Core: train on ``run_id``'s batches from the store (claims, checkpoints, ``policy_published``)."""
+        from sapwood.learner.loop import Learner
+        from sapwood.platform.store import Store
+
+        self._learner = Learner(Store.open(database_url), run_id, self.group.trainer, learner_id=learner_id,
+                                checkpoint_dir=checkpoint_dir, source_config=source_config)
+
+    def learner_step(self, timeout_s: float) -> dict[str, float] | None:
+        """Core: train on the next batch (waiting up to ``timeout_s``); None when none came."""
+        return self._learner.step(timeout_s=timeout_s)
+
+    def close_learner(self) -> None:
+        if self._learner is not None:
+            self._learner.close()
+            self._learner.store.close()
+            self._learner = None
+
+    def learner_state(self) -> tuple[int, dict[str, Any]]:
+        """Core: ``(version, model state_dict)`` of the learner replica."""
+        backend = self.group.trainer.backend
+        return backend.policy_version, {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+
+    def broadcast_weights(self, ranks: list[int]) -> int:
+        """Core: send the newest weights to ``ranks`` in buckets (each calls :meth:`receive_weights`); a core
+        in rollout serves them too. Returns the version."""
+        version = int(self.group.broadcast(ranks))
+        if self.role == "rollout":
+            self.load_state(self.learner_state()[1], version)
+        return version
+
+    def receive_weights(self) -> int:
+        """Receive one weights broadcast from the core and serve it from the next call on; returns its version."""
+        version, state = self.group.receive(self.engine.model.state_dict())
+        self.load_state(state, version)
+        return int(version)
+
+    def group_stats(self) -> dict[str, Any]:
+        """The group's view from this cell: the core's accepted / refused / released (stale gradients that
+        arrived between steps are refused first), gradients sent by this cell."""
+        import dataclasses
+
+        if self.group.is_core:
+            self.group.refuse_pending()
+        return {**dataclasses.asdict(self.group.stats), "sent": self.group.sent}
 
     def load_from_core(self, core: Any) -> tuple[int, float]:
         """Take the authoritative parameters from core cell ``core``; returns ``(version, seconds)``."""
@@ -348,6 +412,8 @@ class Cell:
         with self._lock:
             self.role = role
             self.draining = role != "rollout"
+        if self.group is not None:
+            self.group.on_role(role)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
