@@ -191,13 +191,17 @@ class SAOTrainer:
         gae = batch_gae(batch, old.values, self.config.advantage)
         return LossTargets.build(batch, gae, old, self.config.policy), gae
 
-    def _critic_only(self, batch: TreeBatch, targets: LossTargets) -> dict[str, float]:
+    def _backend_step(self, batch: TreeBatch, targets: LossTargets, *, policy: bool) -> dict[str, float]:
+        """One backend update: the critic, and the actor too when ``policy``."""
         return self.backend.step(
             batch,
-            lambda out: compute_losses(out, targets, self.config, policy=False),
-            update_actor=False,
+            lambda out: compute_losses(out, targets, self.config, policy=policy),
+            update_actor=policy,
             update_critic=True,
         )
+
+    def _critic_only(self, batch: TreeBatch, targets: LossTargets) -> dict[str, float]:
+        return self._backend_step(batch, targets, policy=False)
 
     def _lagging(self, metrics: dict[str, float]) -> bool:
         cc = self.config.critic
@@ -211,6 +215,10 @@ class SAOTrainer:
     def _update_ema(self, loss: float) -> None:
         beta = self.config.critic.loss_ema
         self.value_loss_ema = loss if self.value_loss_ema is None else beta * self.value_loss_ema + (1 - beta) * loss
+
+    def policy_update(self, batch: TreeBatch, targets: LossTargets) -> dict[str, float]:
+        """The joint actor + critic update of a step (a learner group splits it into micro-batches)."""
+        return self._backend_step(batch, targets, policy=True)
 
     # ------------------------------------------------------------------ steps
     def critic_step(self, batch: TreeBatch) -> dict[str, float]:
@@ -239,12 +247,7 @@ class SAOTrainer:
             metrics = self._critic_only(batch, targets)
             self.critic_warmup_done += 1
         else:
-            metrics = self.backend.step(
-                batch,
-                lambda out: compute_losses(out, targets, cfg, policy=True),
-                update_actor=True,
-                update_critic=True,
-            )
+            metrics = self.policy_update(batch, targets)
         catchup = 0
         latest = metrics
         if not warmup:

@@ -6,10 +6,13 @@ learner trains CompactionRL + SAO steps on what the store holds and publishes ea
 a scheduler policy (``elastic``, ``colocate`` or the static ``async`` split) reads the signals and the
 runtime moves cells with the switch protocol. The same seeds run under each schedule.
 
-Cost model (said plainly): two shared CPU cores cannot show parallel speed-ups, so a cell's compute is
-modelled by occupancy — ``decode_delay_s`` per generated token (× the execution's scale) while
-serving, and ``train_step_cell_s`` per step split over the train cells. The calls, tokens, switches,
-store and learning are real.
+Cost model (said plainly): every cell does its real computation and is charged for it on its own device
+clock (``runtime/device_clock.py``): ``decode_delay_s`` per generated token (× the execution's scale; a
+batched step of k calls costs ``decode_delay_s + (k − 1) × batch_extra_s``) while serving, and
+``train_microbatch_s`` per SAO micro-batch a cell computes in train. Training runs on the cells
+(``runtime/cell_learner.py``): the core cell owns the learner; train cells claim the running step's
+micro-batches, a cell entering train mid-step joins it; new weights reach the rollout cells by a
+versioned broadcast in buckets over gloo. The calls, tokens, switches, store and learning are real.
 """
 
 from __future__ import annotations
@@ -34,9 +37,7 @@ from sapwood.demo.phases import eval_tasks, evaluate, pretrained_policy
 from sapwood.demo.pretrain import PretrainConfig
 from sapwood.demo.tasks import KeyRecallEnv
 from sapwood.learner.config import SourceConfig
-from sapwood.learner.loop import Learner, latest_policy
-from sapwood.learner.model import TinyActorCritic, TorchBackend
-from sapwood.learner.trainer import SAOTrainer
+from sapwood.learner.loop import latest_policy
 from sapwood.platform import runs
 from sapwood.platform.events import PolicyPublished
 from sapwood.platform.storage.dialects import embedded_url
@@ -46,6 +47,7 @@ from sapwood.rollout.torch_engine import LocalTorchEngine
 from sapwood.rollout.transports import InProcessTransport
 from sapwood.scheduler.policy import load_policy
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
+from sapwood.scheduler.runtime.device_clock import DeviceCosts
 from sapwood.scheduler.signals import CellState, Signals, queue_demand
 
 __all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule"]
@@ -73,7 +75,11 @@ class ElasticDemoConfig:
     tail_cap: float = 12.0
     staleness_bound: int = 1
     """0 or 1: executions admitted at most ``batch_size × (1 + bound)`` ahead of training, every schedule."""
-    train_step_cell_s: float = 1.5
+    batch_extra_s: float = 0.001
+    train_microbatch_s: float = 0.375
+    """Device seconds per trained micro-batch (calibrated: ``docs/scheduler.md``, *Device clocks*)."""
+    micro_batches: int = 4
+    """Micro-batches per training step (the cells claim them)."""
     tick_s: float = 0.1
     grace_s: float = 0.05
     hosts: int = 2
@@ -85,6 +91,15 @@ class ElasticDemoConfig:
 
     critic_warmup_steps: int = 1
     """Critic-only steps before the first policy update (the rollout demo's 4 would leave a short run untrained)."""
+
+    @property
+    def train_step_cell_s(self) -> float:
+        """Device seconds of one training step on one cell."""
+        return self.micro_batches * self.train_microbatch_s
+
+    def device_costs(self) -> DeviceCosts:
+        return DeviceCosts(decode_token_s=self.decode_delay_s, batch_extra_s=self.batch_extra_s,
+                           train_microbatch_s=self.train_microbatch_s)
 
     def workload(self) -> LongTailWorkload:
         return LongTailWorkload(self.batch_size, self.tail_alpha, self.tail_cap, self.staleness_bound)
@@ -156,17 +171,18 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     first = policy.initial_assignment(ids)
     specs = [CellSpec(cid, capacity=cfg.capacity, role=first[cid], tier="core" if i == 0 else "satellite")
              for i, cid in enumerate(ids)]
-    rt = ElasticRuntime(url, specs, model_cfg, state0, seed=cfg.seed, decode_delay_s=cfg.decode_delay_s,
-                        grace_s=cfg.grace_s, policy_source=lambda: latest_policy(store, train_run),
-                        policy_name=schedule)
-    torch.manual_seed(cfg.seed + 1)
-    model = TinyActorCritic(model_cfg)
-    model.load_state_dict(state0)
+    rt = ElasticRuntime(url, specs, model_cfg, state0, seed=cfg.seed, grace_s=cfg.grace_s,
+                        policy_source=lambda: latest_policy(store, train_run), policy_name=schedule,
+                        device_costs=cfg.device_costs())
+    ranks = rt.join_learner_group(micro_batches=cfg.micro_batches)
+    core_id = ids[0]
+    core = rt.cells[core_id]  # the learner lives on the core cell: optimizer, policy version, claims, commits
     lcfg = dcfg.learner_config()
-    backend = TorchBackend(model, lcfg.optim, critic_grad_clip=lcfg.critic.grad_clip)
-    learner = Learner(store, train_run, SAOTrainer(backend, lcfg), learner_id=f"{tag}-learner", checkpoint_dir=ckpt,
-                      source_config=SourceConfig(jmax=dcfg.jmax, executions_per_batch=cfg.batch_size,
-                                                 train_summaries=True, seed=cfg.seed))
+    ray.get(core.start_trainer.remote(lcfg, state0, cfg.seed + 1))
+    ray.get(core.start_learner.remote(
+        url, train_run, learner_id=f"{tag}-learner", checkpoint_dir=str(ckpt),
+        source_config=SourceConfig(jmax=dcfg.jmax, executions_per_batch=cfg.batch_size, train_summaries=True,
+                                   seed=cfg.seed)))
     pool = ExecutionPool(dcfg.task, rt.router, rt.writer, run_id=rollout_run, seed=cfg.seed, hosts=cfg.hosts)
     pool.ready()  # the hosts start once, before the clock starts (like the cells)
     tasks = [KeyRecallEnv(dcfg.task).sample_task(np.random.default_rng([cfg.seed, 31, i]), task_id=f"task-{i}")
@@ -180,20 +196,17 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     training: dict[str, Any] = {"thread": None, "started": 0.0, "trained": 0, "steps": 0, "error": None}
     t0 = time.perf_counter()
 
-    def train_step(train_cells: list[str]) -> None:
+    def train_step() -> None:
         try:
-            share = cfg.train_step_cell_s / max(len(train_cells), 1)
-            work = [rt.cells[c].train_work.remote(share) for c in train_cells]
-            metrics = learner.step(timeout_s=5.0)
-            ray.get(work)
+            metrics = ray.get(core.learner_step.remote(5.0))
             if metrics is not None:
                 training["trained"] += int(metrics.get("learner/executions", 0))
                 training["steps"] += 1
                 rewards.append(float(metrics.get("learner/rewards_mean", 0.0)))
-                found = latest_policy(store, train_run)
-                if found is not None:  # serving cells pick the new version up between calls
-                    serving = [c for c, r in rt.roles.items() if r == "rollout"]
-                    ray.get([rt.cells[c].load_checkpoint.remote(found[1], found[0]) for c in serving])
+                # the new version reaches the serving cells by a versioned broadcast in buckets (gloo)
+                serving = [c for c, r in rt.roles.items() if r == "rollout" and c != core_id]
+                ray.get([core.broadcast_weights.remote([ranks[c] for c in serving]),
+                         *[rt.cells[c].receive_weights.remote() for c in serving]])
         except BaseException as exc:
             training["error"] = exc
 
@@ -216,7 +229,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             train_cells = [c for c, r in rt.roles.items() if r == "train"]
             if not active and train_cells and backlog >= min(cfg.batch_size, cfg.executions - training["trained"]):
                 training["started"] = now
-                thread = threading.Thread(target=train_step, args=(train_cells,), daemon=True)
+                thread = threading.Thread(target=train_step, daemon=True)
                 training["thread"] = thread
                 thread.start()
                 active = True
@@ -239,9 +252,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             decision = policy.decide(signals, dict(rt.roles))
             # cells enter rollout before others leave it, so that a leaving cell's aborted calls have a target
             moves = sorted(decision.moves(dict(rt.roles)).items(), key=lambda m: (m[1][1] != "rollout", m[0]))
-            for cid, (_, new) in moves:
-                if new == "train" and active:
-                    continue  # a cell joins training at the next step (the step's cells are fixed when it starts)
+            for cid, (_, new) in moves:  # a cell entering train joins the running step (runtime/cell_learner.py)
                 rt.assign(cid, new, reason=decision.reasons.get(cid, ""), signals={"at_s": now, "backlog": backlog})
                 role_since[cid] = time.perf_counter() - t0
             timeline.append((now, dict(rt.roles)))
@@ -255,13 +266,17 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         outcomes += pool.poll(timeout_s=30) if pool.running else []
         router_stats = ray.get(rt.router.stats.remote())
         check = store_check(rt, outcomes)
-        final = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+        final_version, final = ray.get(core.learner_state.remote())
+        group = ray.get(core.group_stats.remote())
+        check["satellite_micro_batches"] = sum(n for per in group["accepted"].values() for r, n in per.items() if r)
+        check["core_micro_batches"] = sum(per.get(0, 0) for per in group["accepted"].values())
+        check["stale_refused"] = len(group["refused"])
         return ScheduleResult(schedule, wall, training["steps"], outcomes, timeline,
                               [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
-                              final, backend.policy_version)
+                              final, final_version)
     finally:
         pool.close()
-        learner.close()
+        ray.get(core.close_learner.remote())
         rt.shutdown()
         store.close()
 

@@ -11,9 +11,11 @@ the target cell through Ray's object store (:meth:`Cell.export_kv` / :meth:`Cell
 recomputed there (:meth:`Cell.prefill`). Agent loops and environments live in their own actors
 (:mod:`~sapwood.demo.elastic.executions`).
 
-``decode_delay_s`` adds a sleep after each generated token (× the call's ``decode_scale``), standing in
-for a larger model's per-token latency on a CPU where the tiny model decodes in microseconds (0 in
-production). :meth:`Cell.pause` holds every call in flight once it has generated ``after_tokens``
+Each cell has a device clock (:class:`~sapwood.scheduler.runtime.device_clock.DeviceClock`, costs in
+``device_costs``; ``decode_delay_s`` alone sets ``decode_token_s``): every generated token does its real
+computation and ends no earlier than its share of a batched decode step on the cell's clock (× the
+call's ``decode_scale``), so a busy cell cannot borrow an idle cell's CPU (0 costs in production).
+:meth:`Cell.pause` holds every call in flight once it has generated ``after_tokens``
 tokens (SGLang's in-place ``pause_generation``) until :meth:`Cell.resume` or an abort. Loading weights
 swaps in a new engine: calls in flight finish on the weights they started with, so a load never
 aborts a call; it empties the KV cache (computed on the old weights).
@@ -31,6 +33,7 @@ from sapwood.platform.events import CELL_ROLES
 from sapwood.rollout.engines import SamplingParams, load_model_state
 from sapwood.rollout.torch_engine import LocalTorchEngine, sampling_logprobs
 from sapwood.scheduler.runtime.call_digest import input_digest
+from sapwood.scheduler.runtime.device_clock import DeviceClock, DeviceCosts
 from sapwood.scheduler.runtime.kv_store import KVEntry, KVStore
 
 __all__ = ["Cell", "input_digest", "params_from_dict"]
@@ -64,7 +67,8 @@ class Cell:
 
     def __init__(self, cell_id: str, model_config: Any, state: dict[str, Any], *, version: int = 0,
                  capacity: int = 1, tier: str = "core", role: str = "idle", seed: int = 0,
-                 decode_delay_s: float = 0.0, kv_cache_bytes: int = KV_CACHE_BYTES) -> None:
+                 decode_delay_s: float = 0.0, kv_cache_bytes: int = KV_CACHE_BYTES,
+                 device_costs: DeviceCosts | None = None) -> None:
         import torch
 
         torch.set_num_threads(1)
@@ -74,7 +78,10 @@ class Cell:
         self.model_config = model_config
         self.engine = LocalTorchEngine(model_config, state=state, policy_version=version, seed=seed)
         self.generator = torch.Generator().manual_seed(seed)
-        self.decode_delay_s = decode_delay_s
+        self.costs = device_costs if device_costs is not None else DeviceCosts(decode_token_s=decode_delay_s)
+        self.clock = DeviceClock()
+        self.group: Any = None  # a GroupMember once the cell joined the learner group
+        self._learner: Any = None
         self.draining = role != "rollout"
         self._calls: dict[str, _Call] = {}
         self._lock = threading.Lock()
@@ -128,6 +135,7 @@ class Cell:
                     break
                 with self._model_lock, torch.inference_mode():
                     t_step = time.perf_counter()
+                    t_device = time.monotonic()
                     if pending:
                         logits, past = engine.extend(pending, past)
                         fed.extend(pending)
@@ -143,8 +151,9 @@ class Cell:
                 if token in sp.stop_token_ids:
                     finish = "stop"
                     break
-                if self.decode_delay_s > 0:
-                    call.abort.wait(self.decode_delay_s * scale)
+                with self._lock:
+                    k = max(len(self._calls), 1)  # the calls sharing this decode step
+                self.clock.charge(self.costs.token_share_s(k, scale), t_device, abort=call.abort)
                 self._hold_if_paused(call)
             else:
                 # all tokens sampled; aborted during the last token's modelled delay: answered as aborted
@@ -314,12 +323,73 @@ class Cell:
             self.loads += 1
             self.kv.clear()
 
-    def train_work(self, seconds: float) -> float:
-        """This cell's share of a training step, modelled as ``seconds`` of occupancy (the demo's cost model:
-        two shared CPU cores cannot show a data-parallel speed-up); returns seconds spent."""
-        t0 = time.perf_counter()
-        time.sleep(max(seconds, 0.0))
-        return time.perf_counter() - t0
+    # -- training on the cells (runtime/cell_learner.py) ---------------------------------------------
+    def join_group(self, spec: Any) -> None:
+        """Join the learner group ``spec`` (a ``GroupSpec``; every cell of the run calls it at once)."""
+        from sapwood.scheduler.runtime.cell_learner import GroupMember
+
+        self.group = GroupMember(spec, self.model_config, self.clock, lambda: self.costs, lambda: self.role)
+        self.group.join()
+        self.group.on_role(self.role)
+
+    def set_device_costs(self, costs: DeviceCosts) -> None:
+        """Charge this cell's work at ``costs`` from now on."""
+        self.costs = costs
+
+    def start_trainer(self, config: Any, state: dict[str, Any], seed: int = 0) -> int:
+        """Core: hold the learner replica (optimizer, policy version); returns the version."""
+        return int(self.group.start_trainer(config, state, seed).backend.policy_version)
+
+    def train_batch(self, batch: Any) -> dict[str, float]:
+        """Core: one SAO step on ``batch`` (a ``TreeBatch``) over the group's micro-batches."""
+        return dict(self.group.trainer.train_step(batch))
+
+    def start_learner(self, database_url: str, run_id: str, *, learner_id: str, checkpoint_dir: str,
+                      source_config: Any) -> None:
+        """Core: train on ``run_id``'s batches from the store (claims, checkpoints, ``policy_published``)."""
+        from sapwood.learner.loop import Learner
+        from sapwood.platform.store import Store
+
+        self._learner = Learner(Store.open(database_url), run_id, self.group.trainer, learner_id=learner_id,
+                                checkpoint_dir=checkpoint_dir, source_config=source_config)
+
+    def learner_step(self, timeout_s: float) -> dict[str, float] | None:
+        """Core: train on the next batch (waiting up to ``timeout_s``); None when none came."""
+        return self._learner.step(timeout_s=timeout_s)
+
+    def close_learner(self) -> None:
+        if self._learner is not None:
+            self._learner.close()
+            self._learner.store.close()
+            self._learner = None
+
+    def learner_state(self) -> tuple[int, dict[str, Any]]:
+        """Core: ``(version, model state_dict)`` of the learner replica."""
+        backend = self.group.trainer.backend
+        return backend.policy_version, {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+
+    def broadcast_weights(self, ranks: list[int]) -> int:
+        """Core: send the newest weights to ``ranks`` in buckets (each calls :meth:`receive_weights`); a core
+        in rollout serves them too. Returns the version."""
+        version = int(self.group.broadcast(ranks))
+        if self.role == "rollout":
+            self.load_state(self.learner_state()[1], version)
+        return version
+
+    def receive_weights(self) -> int:
+        """Receive one weights broadcast from the core and serve it from the next call on; returns its version."""
+        version, state = self.group.receive(self.engine.model.state_dict())
+        self.load_state(state, version)
+        return int(version)
+
+    def group_stats(self) -> dict[str, Any]:
+        """The group's view from this cell: the core's accepted / refused / released (stale gradients that
+        arrived between steps are refused first), gradients sent by this cell."""
+        import dataclasses
+
+        if self.group.is_core:
+            self.group.refuse_pending()
+        return {**dataclasses.asdict(self.group.stats), "sent": self.group.sent}
 
     def load_from_core(self, core: Any) -> tuple[int, float]:
         """Take the authoritative parameters from core cell ``core``; returns ``(version, seconds)``."""
@@ -342,6 +412,8 @@ class Cell:
         with self._lock:
             self.role = role
             self.draining = role != "rollout"
+        if self.group is not None:
+            self.group.on_role(role)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -349,5 +421,5 @@ class Cell:
                     "in_flight": len(self._calls), "draining": self.draining, "served": self.served,
                     "aborted": self.aborted, "prefix_hits": self.prefix_hits, "reused_tokens": self.reused_tokens,
                     "fed_tokens": self.fed_tokens, "kv_imports": self.kv_imports, **self.kv.stats(),
-                    "paused": self.paused, "held": self.held,
+                    "paused": self.paused, "held": self.held, **self.clock.stats(),
                     "policy_version": self.engine.policy_version}

@@ -18,6 +18,8 @@ from sapwood.platform.events import CellHeartbeat, CellRegistered, CellRole, Cel
 from sapwood.platform.storage.run_record import CallCounts, ExecutionRecord
 from sapwood.scheduler.decisions import DecisionRecorder
 from sapwood.scheduler.runtime.cell import Cell
+from sapwood.scheduler.runtime.cell_learner import GroupSpec
+from sapwood.scheduler.runtime.device_clock import DeviceCosts
 from sapwood.scheduler.runtime.router import Router
 from sapwood.scheduler.runtime.store_writer import StoreWriter, StoreWriterSink
 from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator, SwitchReport
@@ -78,7 +80,7 @@ class ElasticRuntime:
     def __init__(self, database_url: str, specs: list[CellSpec], model_config: Any, state: dict[str, Any], *,
                  version: int = 0, seed: int = 0, decode_delay_s: float = 0.0, grace_s: float = 0.5,
                  policy_source: PolicySource | None = None, policy_name: str = "manual",
-                 actor_prefix: str | None = None) -> None:
+                 actor_prefix: str | None = None, device_costs: DeviceCosts | None = None) -> None:
         if len({s.cell_id for s in specs}) != len(specs):
             raise ValueError(f"cell ids must be unique, got {[s.cell_id for s in specs]}")
         named = (lambda what: {"name": f"{actor_prefix}-{what}", "lifetime": "detached"}) if actor_prefix else (
@@ -86,6 +88,7 @@ class ElasticRuntime:
         self.writer: Any = cast(Any, StoreWriterActor.options(**named("store-writer")).remote(database_url))
         self.router: Any = cast(Any, RouterActor.options(**named("router")).remote())
         self.specs = {s.cell_id: s for s in specs}
+        self.ranks: dict[str, int] = {}
         self.cells: dict[str, Any] = {}
         self.roles: dict[str, CellRole] = {}
         self.policy_name = policy_name
@@ -96,7 +99,7 @@ class ElasticRuntime:
             actor = CellActor.options(max_concurrency=s.capacity + 8, **named(f"cell-{s.cell_id}"))
             self.cells[s.cell_id] = actor.remote(s.cell_id, model_config, state, version=version, capacity=s.capacity,
                                                  tier=s.tier, role=s.role, seed=seed * 101 + i,
-                                                 decode_delay_s=decode_delay_s)
+                                                 decode_delay_s=decode_delay_s, device_costs=device_costs)
             self.roles[s.cell_id] = s.role
             self.sink.send(CellRegistered(cell_id=s.cell_id, tier=s.tier, capacity=s.capacity,
                                           metadata={"engine": "local-torch", "runtime": "ray"}))
@@ -107,6 +110,22 @@ class ElasticRuntime:
         self.coordinator = SwitchCoordinator(self.cells, self.roles, self.router, self.recorder,
                                              policy_source=policy_source, grace_s=grace_s,
                                              tiers={s.cell_id: s.tier for s in specs})
+
+    def join_learner_group(self, *, micro_batches: int = 4, stall_timeout_s: float = 2.0) -> dict[str, int]:
+        """Every cell joins one gloo learner group (``runtime/cell_learner.py``; rank = the cell's place in
+        ``specs``, the first is the core); returns cell id → rank."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ranks = {cid: i for i, cid in enumerate(self.specs)}
+        world = len(ranks)
+        ray.get([self.cells[cid].join_group.remote(GroupSpec(port, r, world, micro_batches=micro_batches,
+                                                             stall_timeout_s=stall_timeout_s))
+                 for cid, r in ranks.items()])
+        self.ranks = ranks
+        return ranks
 
     def assign(self, cell_id: str, role: CellRole, *, reason: str = "",
                signals: dict[str, Any] | None = None) -> SwitchReport:
