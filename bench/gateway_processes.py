@@ -98,10 +98,12 @@ def stand_in_and_gateways(ack: str, tmp: Path, variants: dict[str, str | None]
         yield upstream, up_proc, gateways
 
 
-async def _block(base: str, sessions: int, calls: int, gateway: bool, tag: str) -> tuple[list[float], float]:
+async def _block(base: str, sessions: int, calls: int, gateway: bool, tag: str, errors: list[str]
+                 ) -> tuple[list[float], float]:
     """``calls`` chained completions per session, ``sessions`` at once, on fresh connections (a server closes
     a connection idle for 5 s: one kept from an earlier block may be closed as it is reused); each
-    session's first call opens its connection and is not counted. Returns (per-call seconds, wall seconds)."""
+    session's first call opens its connection and is not counted. A call not answered 200 is appended
+    to ``errors`` (its latency still counts). Returns (per-call seconds, wall seconds)."""
     lat: list[float] = []
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
@@ -113,7 +115,10 @@ async def _block(base: str, sessions: int, calls: int, gateway: bool, tag: str) 
                 t0 = time.perf_counter()
                 r = await client.post(url, json={"prompt": prompt, "max_tokens": 4, "return_token_ids": True})
                 mine.append(time.perf_counter() - t0)
-                choice = r.raise_for_status().json()["choices"][0]
+                if r.status_code != 200:  # counted and shown, never hidden: the session goes on
+                    errors.append(f"{r.status_code}: {r.text[:300]}")
+                    continue
+                choice = r.json()["choices"][0]
                 prompt = [*choice["prompt_token_ids"], *choice["token_ids"], 3]
             return mine
 
@@ -138,6 +143,7 @@ class PathFigures:
     wall: float = 0.0
     gateway_cpu: float = 0.0
     client_cpu: float = 0.0
+    errors: list[str] = field(default_factory=list)
 
 
 async def measure(upstream: str, gateways: list[Gateway], sessions: int, calls: int, rounds: int = 4
@@ -152,7 +158,8 @@ async def measure(upstream: str, gateways: list[Gateway], sessions: int, calls: 
         for i in order:
             g, path = targets[i], paths[i]
             g0, c0 = _cpu_s(g.proc) if g else 0.0, time.process_time()
-            lat, wall = await _block(g.url if g else upstream, sessions, per, g is not None, f"c{sessions}r{rnd}")
+            lat, wall = await _block(g.url if g else upstream, sessions, per, g is not None, f"c{sessions}r{rnd}",
+                                     path.errors)
             path.lat += lat
             path.wall += wall
             path.gateway_cpu += (_cpu_s(g.proc) - g0) if g else 0.0
@@ -165,7 +172,7 @@ def _pct(xs: list[float], q: int) -> float:
 
 
 HEADER = (f"{'sessions':>8} {'path':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
-          f"{'p50 x':>6} {'p99 x':>6} {'calls/s':>8} {'gw CPU ms/call':>15} {'client CPU ms/call':>19}")
+          f"{'p50 x':>6} {'p99 x':>6} {'calls/s':>8} {'gw CPU ms/call':>15} {'client CPU ms/call':>19} {'errors':>6}")
 
 
 def report(sessions: int, paths: list[PathFigures]) -> list[str]:
@@ -178,7 +185,9 @@ def report(sessions: int, paths: list[PathFigures]) -> list[str]:
         gw_cpu = f"{p.gateway_cpu / n * 1e3:.2f}" if p is not d else "-"
         rows.append(f"{sessions:>8} {p.name:>10} {p50:>8.2f} {p99:>8.2f} {p50 - d50:>8.2f} {p99 - d99:>8.2f} "
                     f"{p50 / d50:>6.2f} {p99 / d99:>6.2f} {n / p.wall:>8.0f} {gw_cpu:>15} "
-                    f"{p.client_cpu / n * 1e3:>19.2f}")
+                    f"{p.client_cpu / n * 1e3:>19.2f} {len(p.errors):>6}")
+        if p.errors:
+            rows.append(f"{'':>8} {p.name:>10} first error: {p.errors[0]}")
     return rows
 
 
