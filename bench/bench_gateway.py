@@ -2,9 +2,10 @@
 
     python bench/bench_gateway.py [--calls 200] [--only latency,cpu,bytes,memory,kill9]
 
-* ``latency``: direct vs through the gateway over loopback HTTP (uvicorn threads in this process, so
-  client, gateway and stand-in share the GIL and the CPUs), p50 / p99 per call and calls/s at
-  1 / 16 / 64 concurrent sessions, per ack mode (embedded SQLite store behind the recorder).
+* ``latency``: direct vs through the gateway over loopback HTTP as users run it: the stand-in and
+  ``sapwood gateway`` each in its own process, this one the client (``bench/gateway_processes.py``);
+  p50 / p99 per call, their ratios, calls/s and each process's CPU ms per call at 1 / 16 / 64
+  concurrent sessions, per ack mode (embedded SQLite store behind the recorder).
 * ``cpu``: the gateway's own cost per call at one session with ``--ack=async``, without sockets or
   threads: client -> gateway -> stand-in in-process (ASGI), events to a transport that drops them;
   wall p50 / p99 and CPU ms per call, direct vs through the gateway.
@@ -34,38 +35,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling gateway_processes
 
+import gateway_processes
 from sapwood.gateway.app import GatewayConfig, create_app
 from sapwood.platform.codec import encode
 from sapwood.platform.events import Event
 from sapwood.platform.store import Store
 from sapwood.rollout.transports import InProcessTransport, MemoryTransport, Transport
-from tests.support.live_server import serve_in_thread
 from tests.support.stub_upstream import stub_app
 
 SECTIONS = ("latency", "cpu", "bytes", "memory", "kill9")
-
-
-async def _load(base: str, sessions: int, calls: int, gateway: bool) -> tuple[list[float], float]:
-    """``calls`` chained completions per session, ``sessions`` at once; returns per-call seconds, wall s."""
-    lat: list[float] = []
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=sessions)) as client:
-
-        async def session(k: int) -> None:
-            prompt = [7, 8, 9, k % 50 + 10]
-            for _ in range(calls):
-                url = f"{base}/s/b{k}/v1/completions" if gateway else f"{base}/v1/completions"
-                t0 = time.perf_counter()
-                r = await client.post(url, json={"prompt": prompt, "max_tokens": 4, "return_token_ids": True})
-                lat.append(time.perf_counter() - t0)
-                choice = r.raise_for_status().json()["choices"][0]
-                prompt = [*choice["prompt_token_ids"], *choice["token_ids"], 3]
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(session(k) for k in range(sessions)))
-        return lat, time.perf_counter() - t0
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -76,12 +59,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=200, help="calls per concurrency level (split over sessions)")
     ap.add_argument("--ack", action="append", choices=["async", "durable"], help="ack modes (default: both)")
+    ap.add_argument("--baseline", help="latency: also run a gateway from this checkout (e.g. the previous commit)")
     ap.add_argument("--only", default=",".join(SECTIONS[:4]), help=f"sections, of {', '.join(SECTIONS)}")
     args = ap.parse_args()
     only = args.only.split(",")
     if "latency" in only:
         for ack in args.ack or ["async", "durable"]:
-            _run(args.calls, ack)
+            variants: dict[str, str | None] = {"gateway": None}
+            if args.baseline:  # a second gateway importing Sapwood from another checkout, side by side
+                root = Path(args.baseline).resolve()
+                variants = {"baseline": ":".join([*map(str, sorted(root.glob("*/src"))), str(root)]), "gateway": None}
+            gateway_processes.run(args.calls, ack, variants=variants)
     if "cpu" in only:
         asyncio.run(_cpu(max(args.calls, 100)))
     if "bytes" in only:
@@ -143,17 +131,17 @@ async def _cpu(calls: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _sized_gateway(stored: list[int]) -> AsyncIterator[tuple[httpx.AsyncClient, list[int]]]:
-    """A gateway recording into a fresh SQLite store; yields (client, encoded bytes of each event);
+async def _sized_gateway(stored: list[int]) -> AsyncIterator[tuple[httpx.AsyncClient, list[Event]]]:
+    """A gateway recording into a fresh SQLite store; yields (client, every event sent);
     on exit appends the store's growth after ``VACUUM`` (bytes) to ``stored``."""
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bytes.db"
         Store.open(f"sqlite:///{db}").close()
         empty = db.stat().st_size
         store = Store.open(f"sqlite:///{db}")
-        wire: list[int] = []
+        wire: list[Event] = []
         inner = InProcessTransport(store, batch_size=64)
-        sink = MemoryTransport(on_delivery=lambda e, _err: wire.append(len(encode(e))))
+        sink = MemoryTransport(on_delivery=lambda e, _err: wire.append(e))
         app = create_app(GatewayConfig(upstreams=["http://stub"], run_id="bytes", ack="async"),
                          _Tee(inner, sink), client=_asgi(stub_app(), "http://stub"))
         async with app.router.lifespan_context(app):
@@ -167,7 +155,7 @@ async def _sized_gateway(stored: list[int]) -> AsyncIterator[tuple[httpx.AsyncCl
 
 async def _bytes(turns: int) -> None:
     """A 50-turn chat: each turn adds a user message (about 60 tokens) and gets 32 output tokens."""
-    naive: list[int] = []
+    naive: list[bytes] = []
     stored: list[int] = []
     async with _sized_gateway(stored) as (gateway, wire):
         messages: list[dict[str, str]] = [{"role": "system", "content": "You are a careful coding agent."}]
@@ -178,11 +166,11 @@ async def _bytes(turns: int) -> None:
                     "return_token_ids": True}
             answer = (await gateway.post("/s/chat/v1/chat/completions", json=body)).raise_for_status().json()
             choice = answer["choices"][0]
-            naive.append(len(json.dumps({
+            naive.append(json.dumps({
                 "messages": messages, "prompt_token_ids": answer["prompt_token_ids"],
                 "output_token_ids": choice["token_ids"], "text": choice["message"]["content"],
                 "logprobs": [c["logprob"] for c in choice["logprobs"]["content"]],
-            }).encode()))
+            }).encode())
             messages.append(choice["message"])
         await gateway.post("/v1/sessions/chat/finish", json={"status": "success", "reward": 1.0})
     _print_bytes(f"{turns}-turn chat session (the stand-in's one id per character, ids 1-122)",
@@ -192,27 +180,36 @@ async def _bytes(turns: int) -> None:
 async def _bytes_wide_ids(turns: int) -> None:
     """The same shape by token ids from a 151,936-id vocabulary (Qwen2's): 60 new prompt ids a turn."""
     rng = random.Random(0)
-    naive: list[int] = []
+    naive: list[bytes] = []
     stored: list[int] = []
     prompt: list[int] = [rng.randrange(151_936) for _ in range(200)]
     async with _sized_gateway(stored) as (gateway, wire):
         for _ in range(turns):
             body = {"prompt": prompt, "max_tokens": 32, "logprobs": 1, "return_token_ids": True}
             choice = (await gateway.post("/s/ids/v1/completions", json=body)).raise_for_status().json()["choices"][0]
-            naive.append(len(json.dumps({"prompt_token_ids": choice["prompt_token_ids"],
-                                         "output_token_ids": choice["token_ids"],
-                                         "logprobs": choice["logprobs"]["token_logprobs"]}).encode()))
+            naive.append(json.dumps({"prompt_token_ids": choice["prompt_token_ids"],
+                                     "output_token_ids": choice["token_ids"],
+                                     "logprobs": choice["logprobs"]["token_logprobs"]}).encode())
             prompt = [*choice["prompt_token_ids"], *choice["token_ids"], *(rng.randrange(151_936) for _ in range(60))]
     _print_bytes(f"{turns}-turn session by token ids (151,936-id vocabulary; naive JSON without text)",
                  len(choice["prompt_token_ids"]), naive, wire, stored[0], turns)
 
 
-def _print_bytes(what: str, last_prompt: int, naive: list[int], wire: list[int], stored: int, turns: int) -> None:
-    per_naive, per_wire, per_db = sum(naive) / turns, sum(wire) / turns, stored / turns
+def _print_bytes(what: str, last_prompt: int, naive: list[bytes], wire: list[Event], stored: int, turns: int
+                 ) -> None:
+    """Per call: the naive JSON, the events as encoded (plain, and with the codec's zstd flag), the store."""
+    zstd = zstandard.ZstdCompressor(level=3)  # Kafka's zstd level
+    per_naive, per_db = sum(map(len, naive)) / turns, stored / turns
+    per_wire = sum(len(encode(e)) for e in wire) / turns
+    per_naive_z = sum(len(zstd.compress(n)) for n in naive) / turns
+    per_wire_z = sum(len(encode(e, compress=True)) for e in wire) / turns
     print(f"{what}, bytes per call (last prompt {last_prompt} tokens):")
     print(f"  naive per-call JSON {per_naive:>10,.0f}")
     print(f"  Sapwood TITO events on the wire {per_wire:>10,.0f}  ({per_naive / per_wire:.1f}x smaller)")
     print(f"  Sapwood SQLite store growth (after VACUUM) {per_db:>10,.0f}  ({per_naive / per_db:.1f}x smaller)")
+    print(f"  compressed: naive JSON each call zstd {per_naive_z:>10,.0f}; Sapwood events with the codec's zstd "
+          f"flag {per_wire_z:>10,.0f}  ({per_naive_z / per_wire_z:.1f}x smaller; {per_naive / per_wire_z:.1f}x "
+          "the uncompressed naive JSON)")
 
 
 class _Tee(Transport):
@@ -269,34 +266,6 @@ def _kill9() -> None:
                                 kill_after=100)
         print(f"{rnd:>5} {f.answered:>8} {f.stored:>6} {f.lost:>4} {f.duplicated:>3} {f.stored_unanswered:>18} "
               f"{f.calls_per_s:>8.1f}")
-
-
-def _run(calls: int, ack: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp, serve_in_thread(stub_app()) as upstream:
-        store = Store.open(f"sqlite:///{Path(tmp) / 'bench.db'}")
-        transport = InProcessTransport(store, batch_size=256)
-        app = create_app(GatewayConfig(upstreams=[upstream], run_id="bench", ack=ack), transport)
-        with serve_in_thread(app) as gw:
-            print(f"--ack={ack}")
-            print(
-                f"{'sessions':>8} {'direct p50':>11} {'gw p50':>8} {'direct p99':>11} {'gw p99':>8} "
-                f"{'direct c/s':>11} {'gw c/s':>8} {'added p50 ms':>13} {'added p99 ms':>13}"
-            )
-            for sessions in (1, 16, 64):
-                per = max(2, calls // sessions)
-                d, dw = asyncio.run(_load(upstream, sessions, per, False))
-                g, gw_wall = asyncio.run(_load(gw, sessions, per, True))
-                print(
-                    f"{sessions:>8} {_pct(d, 50):>9.2f}ms {_pct(g, 50):>6.2f}ms {_pct(d, 99):>9.2f}ms "
-                    f"{_pct(g, 99):>6.2f}ms {len(d) / dw:>11.0f} {len(g) / gw_wall:>8.0f} "
-                    f"{_pct(g, 50) - _pct(d, 50):>13.2f} {_pct(g, 99) - _pct(d, 99):>13.2f}"
-                )
-            lags = sorted(app.state.gateway.recorder.lags)
-            if lags:
-                print(f"enqueue->commit lag (async risk window): p50 {_pct(lags, 50):.2f} ms, "
-                      f"p99 {_pct(lags, 99):.2f} ms, max {lags[-1] * 1e3:.2f} ms over {len(lags)} events")
-        transport.close()
-        store.close()
 
 
 if __name__ == "__main__":

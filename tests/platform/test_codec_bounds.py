@@ -33,7 +33,7 @@ def test_streamed_and_multi_frame_payloads_decode_exactly(declare_size: bool, fr
 def _prompt_of_payload_bytes(n: int) -> tuple[Prompt, int]:
     """A prompt whose uncompressed payload is exactly ``n`` bytes (the header pads the rest)."""
     ev = Prompt(execution_id="4f0e7a3c-5b1d-4c1e-9a57-0d3f8f1e2a10", seq=1,
-                token_ids=np.full(1000, 7, dtype=np.int32))
+                token_ids=np.full(1000, 7, dtype=np.int32), source="p")  # not the default: in the header
     base = len(encode(ev)) - 6
     ev.source = "p" * (n - base + len(ev.source))
     size = len(encode(ev)) - 6

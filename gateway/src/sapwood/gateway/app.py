@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sapwood.gateway import openai_format, sglang_format
+from sapwood.gateway import json_codec, openai_format, sglang_format
 from sapwood.gateway.drift import DriftCheck, check_drift
 from sapwood.gateway.ingest_lag import LagGuard, LagReader
 from sapwood.gateway.openai_format import MalformedAnswerError, RecordedChoice
@@ -97,6 +97,13 @@ class GatewayConfig:
     engine: str = "vllm"
     idle_timeout_s: float = 600.0
     upstream_timeout_s: float = 600.0
+    #: Upstream connections kept open (and at most open): above the concurrent calls, so none is
+    #: closed and opened again per call (httpx's default keeps 20).
+    upstream_connections: int = 1024
+    #: Seconds an idle upstream connection is kept: below the upstream's own keep-alive timeout (uvicorn,
+    #: under vLLM and SGLang: 5 s), so the gateway never reuses a connection the server is closing (a
+    #: ReadError and a 502; httpx's default expiry is that same 5 s).
+    upstream_keepalive_s: float = 2.0
     vocab_size: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     #: ``async``: answer once the call's events are queued; ``durable``: once the transport acknowledged them.
@@ -312,6 +319,9 @@ class Gateway:
         return [s.session_id for s in ended]
 
 
+_JSON = {"content-type": "application/json"}
+
+
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
 
@@ -340,7 +350,12 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     ``transport`` (which stays open: the caller closes it)."""
     gw = Gateway(config, transport, ingest_lag)
     gw.recorder.lag_observer = gw.ack_lag.observe
-    http = client or httpx.AsyncClient(timeout=httpx.Timeout(config.upstream_timeout_s))
+    http = client or httpx.AsyncClient(
+        timeout=httpx.Timeout(config.upstream_timeout_s),
+        limits=httpx.Limits(max_connections=config.upstream_connections,
+                            max_keepalive_connections=config.upstream_connections,
+                            keepalive_expiry=config.upstream_keepalive_s),
+    )
     retry_after = {"Retry-After": str(config.retry_after_s)}
 
     async def _expiry_loop() -> None:
@@ -387,12 +402,13 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         """POST to the session's upstream, retrying the next one on a connection error or 5xx (same body);
         returns the last response (None if none answered), its URL and the last error message."""
         order = upstream_order(config.upstreams, ref.session_id)[: config.max_attempts]
+        content = json_codec.dumps(up_body)  # once: every attempt sends the same bytes
         resp: httpx.Response | None = None
         url, error = "", ""
         for k, base in enumerate(order):
             url = base + ROUTE_PATHS[route]
             try:
-                resp = await http.send(http.build_request("POST", url, json=up_body), stream=stream)
+                resp = await http.send(http.build_request("POST", url, content=content, headers=_JSON), stream=stream)
             except httpx.HTTPError as exc:
                 resp, error, reason = None, f"upstream {url} unreachable: {exc}", "connection"
             else:
@@ -412,7 +428,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         except SessionError as exc:
             return _error(400, str(exc), "invalid_request_error")
         try:
-            body = await request.json()
+            body = json_codec.loads(await request.body())
             up_body = upstream_body(route, body)
         except ValueError as exc:
             return _error(400, f"bad request body: {exc}", "invalid_request_error")
@@ -447,7 +463,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
                 upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type")
             )
         try:
-            answer = upstream.json()
+            answer = json_codec.loads(upstream.content)
             choices = answer_choices(route, body, answer)
         except (ValueError, MalformedAnswerError) as exc:
             gw.calls.labels(route, "malformed").inc()
@@ -467,7 +483,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
         else:
             gw.calls.labels(route, "unrecorded").inc()
         gw.latency.labels(route).observe(time.perf_counter() - t0)
-        return JSONResponse(stripped(route, body, answer), headers=headers)
+        return json_codec.FastJSONResponse(stripped(route, body, answer), headers=headers)
 
     def _record_gathered(
         ref: SessionRef, route: Route, body: dict[str, Any], gather: StreamGather | GenerateGather, aborted: bool

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
+
+#: Seconds a thread may hold the GIL while another waits for it (Python's default: 0.005).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def gateway(
@@ -88,6 +92,9 @@ def gateway(
     transport = (
         make_transport(settings) if settings.kafka_bootstrap else make_transport(settings, batch_size=batch_size)
     )
+    # the background recorder's thread (store writes) holds the GIL in turns with the event loop; Python's
+    # default 5 ms switch interval then adds up to 5 ms to a call waiting for it (docs/gateway.md, Benchmark)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         uvicorn.run(create_app(config, transport, ingest_lag=lag_reader), host=host, port=port, log_level="warning")
     finally:

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Sapwood: the trajectory data platform for long-horizon agent RL.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+drift_app = typer.Typer(help="Retokenization drift per run (chat calls recorded through the gateway).",
+                        no_args_is_help=True)
+app.add_typer(drift_app, name="drift")
 console = Console()
 
 DatabaseOpt = Annotated[
@@ -125,6 +128,53 @@ def _print_drift(store: Store) -> None:
         table.add_row(d.run_id, f"{d.calls:,}", f"{d.checked:,}", f"{d.drifted:,}", f"{d.rate:.2%}",
                       "-" if d.first_position is None else str(d.first_position))
     console.print(table)
+
+
+@drift_app.command("check")
+def drift_check(
+    max_rate: Annotated[str, typer.Option("--max-rate", help="highest drift rate that passes, in [0, 1] (e.g. 0.03)")],
+    run_id: Annotated[
+        list[str] | None,
+        typer.Option("--run-id", help="run to check (repeatable; default: every run with a checked call)"),
+    ] = None,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """A CI gate: exit 1 when a run's retokenization drift rate is above --max-rate (a rate equal to it passes).
+
+    Exit 2 when there is nothing to gate: a named run without checked chat calls, or no run with one."""
+    from sapwood.platform.storage.drift import over_limit, parse_max_rate
+    from sapwood.platform.store import Store
+
+    try:
+        limit = parse_max_rate(max_rate)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--max-rate") from None
+    store = Store.open(_url(database_url))
+    try:
+        if run_id:
+            rows = []
+            for r in run_id:
+                found = store.drift(r)
+                if not found or not found[0].checked:
+                    why = "no recorded calls" if not found else f"{found[0].calls:,} calls, none checked for drift"
+                    console.print(f"drift check: run {r!r} has {why}: nothing to gate", style="red")
+                    raise typer.Exit(2)
+                rows += found
+        else:
+            rows = [d for d in store.drift() if d.checked]
+            if not rows:
+                console.print("drift check: no run has a chat call checked for drift: nothing to gate", style="red")
+                raise typer.Exit(2)
+    finally:
+        store.close()
+    over = {d.run_id for d in over_limit(rows, limit)}
+    for d in rows:
+        verdict = "is above" if d.run_id in over else "is within"
+        console.print(f"drift check: run {d.run_id!r}: drift rate {d.drifted}/{d.checked} = {d.rate:.2%} "
+                      f"{verdict} the limit {float(limit):.2%}", style="red" if d.run_id in over else None,
+                      highlight=False, soft_wrap=True)
+    if over:
+        raise typer.Exit(1)
 
 
 @app.command()

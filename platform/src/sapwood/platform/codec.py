@@ -51,7 +51,8 @@ _decompressor = zstandard.ZstdDecompressor()
 
 def encode(event: Event, *, compress: bool = False) -> bytes:
     """Serialize ``event``; with ``compress`` the payload is zstd-compressed when that pays off."""
-    arrays = event.array_fields()
+    # empty arrays and scalar fields at their defaults are left out: a reader takes the defaults (§6)
+    arrays = {n: a for n, a in event.array_fields().items() if a.size}
     header = {
         "schema_version": event.schema_version,
         "kind": event.kind,
@@ -59,7 +60,7 @@ def encode(event: Event, *, compress: bool = False) -> bytes:
         "execution_id": event.execution_id,
         "seq": event.seq,
         "created_at": event.created_at,
-        "fields": event.scalar_fields(),
+        "fields": event.wire_scalar_fields(),
         "arrays": [[name, arr.dtype.str, int(arr.size)] for name, arr in arrays.items()],
     }
     head = json.dumps(header, separators=(",", ":")).encode()

@@ -66,10 +66,11 @@ def _differences(stored_event: StoredEvent, event: Event) -> list[str]:
     body = dict(row["body"] or {})
     stored_arrays = body.pop("arrays", {}) or {}
     normalized = isinstance(event, ModelCall) and event.parent is None  # stored with the matched node as parent
+    defaults = event.scalar_defaults()  # a field at its default is left out of the stored body
     for name, value in event.scalar_fields().items():
         if normalized and name == "parent":
             continue
-        if orjson.dumps(body.get(name), default=str) != orjson.dumps(value, default=str):
+        if orjson.dumps(body.get(name, defaults.get(name)), default=str) != orjson.dumps(value, default=str):
             diff.append(name)
     for name, arr in event.array_fields().items():
         if normalized and name == "appended":

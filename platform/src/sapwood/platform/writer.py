@@ -75,6 +75,9 @@ class ExecutionWriter:
         self._score_revision = -1
         self._continued: set[str] = set()
         self.finished = False
+        #: The last context built (node id, its tokens, read-only): a chain's next context is built from it
+        #: instead of walking back to the root (the walk is O(calls so far) per call).
+        self._last_context: tuple[str, TokenArray] | None = None
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def _next(self, event: Event) -> Event:
@@ -106,13 +109,22 @@ class ExecutionWriter:
 
     def context(self, node_id: str) -> TokenArray:
         """Tokens of the context ending at ``node_id``."""
+        cached_id, cached = self._last_context or (None, np.zeros(0, dtype=np.int32))
         parts = []
         cur: str | None = node_id
         while cur is not None:
+            if cur == cached_id:
+                parts.append(cached)
+                break
             node = self._node(cur, "context")
             parts.append(node.tokens)
             cur = node.parent
-        return np.concatenate(parts[::-1]) if parts else np.zeros(0, dtype=np.int32)
+        if cur is not None and cur == node_id:
+            return cached
+        out = np.concatenate(parts[::-1]) if parts else np.zeros(0, dtype=np.int32)
+        out.flags.writeable = False
+        self._last_context = (node_id, out)
+        return out
 
     def context_length(self, node_id: str) -> int:
         return self._node(node_id, "context").end

@@ -18,7 +18,7 @@ import operator
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -167,6 +167,19 @@ class Event:
         names, get = _scalar_getter(type(self))
         return dict(zip(names, get(self), strict=True))
 
+    def wire_scalar_fields(self) -> dict[str, Any]:
+        """The scalar fields that differ from their defaults (a field left out takes its default: wire
+        format §6), so an event's header carries only what it says; required fields are always kept."""
+        names, get = _scalar_getter(type(self))
+        defaults = _scalar_defaults(type(self))
+        return {n: v for n, v in zip(names, get(self), strict=True)
+                if n not in defaults or not _is_default(v, defaults[n])}
+
+    @classmethod
+    def scalar_defaults(cls) -> dict[str, Any]:
+        """The scalar fields that have a default, with it (what a left-out field reads as)."""
+        return dict(_scalar_defaults(cls))
+
     def array_fields(self) -> dict[str, np.ndarray]:
         return {name: getattr(self, name) for name, _ in self.arrays}
 
@@ -204,6 +217,29 @@ _ENVELOPE = frozenset({"event_id", "execution_id", "seq", "schema_version", "cre
 
 
 _SCALAR_GETTERS: dict[type, tuple[tuple[str, ...], Callable[[Event], tuple[Any, ...]]]] = {}
+
+
+_SCALAR_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
+def _scalar_defaults(cls: type[Event]) -> dict[str, Any]:
+    """``cls``'s scalar fields that have a default, with it (a default factory called once, here)."""
+    got = _SCALAR_DEFAULTS.get(cls)
+    if got is None:
+        names = set(_scalar_getter(cls)[0])
+        got = {}
+        for f in fields(cls):
+            if f.name in names:
+                d = f.default_factory() if f.default_factory is not MISSING else f.default
+                if d is not MISSING:
+                    got[f.name] = d
+        _SCALAR_DEFAULTS[cls] = got
+    return got
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """``value`` is ``default`` exactly: same type and equal (``0`` is not ``False``, ``0.0`` is not ``0``)."""
+    return value is default or (type(value) is type(default) and value == default)
 
 
 def _scalar_getter(cls: type[Event]) -> tuple[tuple[str, ...], Callable[[Event], tuple[Any, ...]]]:

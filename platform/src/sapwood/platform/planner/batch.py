@@ -116,8 +116,9 @@ class BatchPlanner:
 
     def _event_row(self, event: Event, refs: Refs, overrides: Overrides) -> Row:
         """The stored event: envelope columns, and a body of its scalar fields (with ``overrides``) and its
-        arrays as [span digest hex, count] (``refs``: every handler notes each array of its event there)."""
-        body = event.scalar_fields()
+        arrays as [span digest hex, count] (``refs``: every handler notes each array of its event there).
+        Fields at their defaults are left out of the body, as on the wire: a rebuild reads them as the defaults."""
+        body = event.wire_scalar_fields()
         if overrides:
             body.update(overrides)
         assert len(refs) == len(event.arrays), f"{event.kind}: arrays {sorted(refs)} noted, {event.arrays} declared"

@@ -6,7 +6,9 @@ Dialect-free (the same statements on SQLite and PostgreSQL). Callers own the tra
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import sqlalchemy as sa
@@ -68,4 +70,21 @@ def drifted_calls(conn: Connection, run_id: str, *, limit: int) -> list[DriftedC
     return [DriftedCall(str(c), str(e), int(s), int(p)) for c, e, s, p in conn.execute(q).all()]
 
 
-__all__ = ["DriftedCall", "RunDrift", "drift_by_run", "drifted_calls"]
+def parse_max_rate(text: str) -> Fraction:
+    """A drift-rate limit as an exact fraction (``"0.03"`` is 3/100, not the nearest float); in [0, 1]."""
+    try:
+        limit = Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"the drift-rate limit must be a number in [0, 1] such as 0.03, got {text!r}") from None
+    if not 0 <= limit <= 1:
+        raise ValueError(f"the drift-rate limit must be in [0, 1], got {text!r}")
+    return limit
+
+
+def over_limit(runs: Iterable[RunDrift], max_rate: Fraction) -> list[RunDrift]:
+    """The runs whose drift rate is above ``max_rate`` (exactly: drifted / checked > max_rate, no float
+    rounding; a rate equal to the limit passes); runs with no checked call have no rate and are not over."""
+    return [d for d in runs if d.checked and Fraction(d.drifted, d.checked) > max_rate]
+
+
+__all__ = ["DriftedCall", "RunDrift", "drift_by_run", "drifted_calls", "over_limit", "parse_max_rate"]
