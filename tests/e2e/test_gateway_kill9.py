@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.gateway_kill import kill_under_load
 from tests.support.gateway_restart import kill_and_restart
+from tests.support.private_kafka import private_broker
 
 pytestmark = pytest.mark.kafka
 
@@ -39,3 +40,19 @@ def test_sessions_open_across_a_kill_9_go_on_as_one_execution_after_a_restart(
     assert figures.wrong_inputs == 0, figures
     assert figures.dead_letters == 0, figures
     assert figures.stored_unanswered <= 4, "at most one call per client was in flight at the kill"
+
+
+def test_calls_answered_while_kafka_was_down_reach_the_store_through_the_restarted_gateway(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """--ack=async: the calls answered after the broker stopped are only in the journal when the gateway is
+    killed; the restarted gateway sends them again once the broker is back."""
+    with private_broker(tmp_path / "kafka") as broker:
+        figures = kill_and_restart(broker.bootstrap, pg_url, tmp_path, ack="async", sessions=4, kill_after=12,
+                                   calls_after=2, outage=broker)
+    assert figures.executions == {f"restart{k}": 1 for k in range(4)}, figures
+    assert figures.roots == {f"restart{k}": 1 for k in range(4)}, figures
+    assert figures.lost == 0, figures
+    assert figures.duplicated == 0, figures
+    assert figures.wrong_inputs == 0, figures
+    assert figures.dead_letters == 0, figures

@@ -28,6 +28,7 @@ from sapwood.platform.store import Store
 from tests.support.gateway_kill import healthy, ingested
 from tests.support.kafka_ingest import count_rows, create_topic, wait_until
 from tests.support.live_server import free_port, serve_in_thread
+from tests.support.private_kafka import PrivateBroker
 from tests.support.stub_upstream import stub_app
 
 
@@ -85,13 +86,17 @@ class _Client:
 
 
 def kill_and_restart(bootstrap: str, database_url: str, workdir: Path, *, ack: str = "durable", sessions: int = 4,
-                     kill_after: int = 24, calls_after: int = 3, timeout_s: float = 300.0) -> RestartFigures:
-    """One round (see the module doc); ``timeout_s`` bounds each wait."""
+                     kill_after: int = 24, calls_after: int = 3, timeout_s: float = 300.0,
+                     outage: PrivateBroker | None = None) -> RestartFigures:
+    """One round (see the module doc); ``timeout_s`` bounds each wait. ``outage`` (the broker at
+    ``bootstrap``, ``--ack=async``): after ``kill_after`` answers it is stopped, and the gateway is killed
+    once a call was answered while it was down (its events are then in the journal only); the broker
+    starts again before the restart."""
     topic = create_topic(bootstrap, 2, prefix="test-gateway-restart")
     journal = workdir / "gateway.journal"
     clients = [_Client(k) for k in range(sessions)]
     lock = threading.Lock()
-    enough, stop = threading.Event(), threading.Event()
+    enough, stop, down, answered_down = threading.Event(), threading.Event(), threading.Event(), threading.Event()
     total = [0]
     with serve_in_thread(stub_app()) as upstream:
         port = free_port()
@@ -110,11 +115,17 @@ def kill_and_restart(bootstrap: str, database_url: str, workdir: Path, *, ack: s
                             total[0] += len(c.answered) - before
                             if total[0] >= kill_after:
                                 enough.set()
+                            if len(c.answered) > before and down.is_set():
+                                answered_down.set()
 
             threads = [threading.Thread(target=load, args=(c,), daemon=True) for c in clients]
             for th in threads:
                 th.start()
             assert enough.wait(timeout_s), f"only {total[0]} calls answered in {timeout_s} s"
+            if outage is not None:
+                outage.stop()
+                down.set()
+                assert answered_down.wait(timeout_s), "no call was answered while the broker was down"
             os.kill(first.pid, signal.SIGKILL)
             first.wait(timeout_s)
             stop.set()
@@ -124,6 +135,8 @@ def kill_and_restart(bootstrap: str, database_url: str, workdir: Path, *, ack: s
             if first.poll() is None:
                 first.kill()
                 first.wait(timeout_s)
+        if outage is not None:
+            outage.start()
         second = _gateway(upstream, bootstrap, topic, port, journal, ack, workdir / "gateway-2.log")
         try:
             wait_until(lambda: healthy(base, second), timeout_s, "the restarted gateway to answer /health")
