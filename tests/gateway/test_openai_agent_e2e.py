@@ -23,8 +23,8 @@ from tests.support.live_server import serve_in_thread
 
 openai = pytest.importorskip("openai")
 
-# slow: the server is started on demand (scripts/test: SAPWOOD_TEST_VLLM=1 ... --runslow)
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# scripts/test starts the server for these (see tests/gateway/conftest.py)
+pytestmark = pytest.mark.vllm
 
 TASK = [11, 12, 13, 14, 15, 16]
 OBS = [21, 22, 23]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-# slow: the server is started on demand (scripts/test: SAPWOOD_TEST_VLLM=1 ... --runslow)
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# scripts/test starts the server for these (see tests/gateway/conftest.py)
+pytestmark = pytest.mark.vllm
 
 TIMEOUT = httpx.Timeout(600.0)
 

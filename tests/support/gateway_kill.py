@@ -18,8 +18,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -27,6 +29,8 @@ from sapwood.platform.store import Store
 from tests.support.kafka_ingest import caught_up, create_topic, ingest_config, running_ingest, wait_until
 from tests.support.live_server import free_port, serve_in_thread
 from tests.support.stub_upstream import stub_app
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class KillFigures:
 def _gateway(upstream: str, bootstrap: str, topic: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "SAPWOOD_KAFKA_TOPIC": topic}
     args = [sys.executable, "-m", "sapwood.platform.cli", "gateway", "--upstream", upstream, "--port", str(port),
-            "--bootstrap", bootstrap, "--ack", "durable", "--run-id", "kill9"]
+            "--bootstrap", bootstrap, "--ack", "durable", "--run-id", "kill9", "--no-journal"]
     with open(log, "ab") as out:
         return subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -75,7 +79,7 @@ def kill_under_load(bootstrap: str, database_url: str, workdir: Path, *, session
     with serve_in_thread(stub_app()) as upstream:
         proc = _gateway(upstream, bootstrap, topic, port, workdir / "gateway.log")
         try:
-            wait_until(lambda: _healthy(base, proc), timeout_s, "the gateway to answer /health")
+            wait_until(lambda: healthy(base, proc), timeout_s, "the gateway to answer /health")
 
             def client(k: int) -> None:
                 prompt = [7, 8, k + 10]
@@ -112,15 +116,7 @@ def kill_under_load(bootstrap: str, database_url: str, workdir: Path, *, session
                 proc.wait(30)
     with lock:
         got = list(answered)
-    store = Store.open(database_url)
-    try:
-        config = ingest_config(database_url, bootstrap, topic)
-        with running_ingest(config):
-            wait_until(lambda: caught_up(store.engine, bootstrap, topic, config.group), timeout_s,
-                       "ingest to read the whole topic")
-        ids, prompts = _stored(store)
-    finally:
-        store.close()
+    ids, prompts = ingested(database_url, bootstrap, topic, timeout_s, _stored)
     return KillFigures(
         answered=len(got),
         stored=sum(ids.values()),
@@ -131,7 +127,21 @@ def kill_under_load(bootstrap: str, database_url: str, workdir: Path, *, session
     )
 
 
-def _healthy(base: str, proc: subprocess.Popen[bytes]) -> bool:
+def ingested(database_url: str, bootstrap: str, topic: str, timeout_s: float, read: Callable[[Store], R]) -> R:
+    """Run the real ingest until it has read the whole topic into the store, then ``read`` the store."""
+    store = Store.open(database_url)
+    try:
+        config = ingest_config(database_url, bootstrap, topic)
+        with running_ingest(config):
+            wait_until(lambda: caught_up(store.engine, bootstrap, topic, config.group), timeout_s,
+                       "ingest to read the whole topic")
+        return read(store)
+    finally:
+        store.close()
+
+
+def healthy(base: str, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the gateway process answers /health (AssertionError once it exited)."""
     if proc.poll() is not None:
         raise AssertionError(f"the gateway exited with status {proc.returncode} before it answered")
     try:
@@ -140,4 +150,4 @@ def _healthy(base: str, proc: subprocess.Popen[bytes]) -> bool:
         return False
 
 
-__all__ = ["KillFigures", "kill_under_load"]
+__all__ = ["KillFigures", "healthy", "ingested", "kill_under_load"]

@@ -76,7 +76,9 @@ class ApiSettings(Settings):
     api_migrate: bool = Field(default=False, description="run migrations when the app starts (serve does it once)")
     tokenizer: str = Field(
         default="none",
-        description='"none", "char" (token id = Unicode code point) or a dotted path "pkg.mod:factory"',
+        description='"none", "char" (token id = Unicode code point), "recorded" (the tokenizer each execution\'s '
+                    'recording named, e.g. the gateway\'s upstream model folder), a tokenizer.json file or folder, '
+                    'or a dotted path "pkg.mod:factory"',
     )
 
     @field_validator("api_cors_origins", mode="before")

@@ -21,6 +21,7 @@ from sapwood.api.errors import AuthenticationError
 from sapwood.api.export_pool import ExportPool
 from sapwood.api.queries.stats import LagReader
 from sapwood.api.queries.trees import PathCache
+from sapwood.api.recorded_tokenizer import RecordedTokenizers
 from sapwood.api.schemas import NO_NUL
 from sapwood.api.tokenizer import Tokenizer
 from sapwood.api.versions import VersionReader
@@ -47,6 +48,14 @@ class Services:
     paths: PathCache
     cursors: Cursors
     exports: ExportPool
+    #: ``SAPWOOD_TOKENIZER=recorded``: the tokenizer each execution's recording named (else None).
+    recorded_tokenizers: RecordedTokenizers | None = None
+
+    def tokenizer_of(self, conn: Connection, execution_id: str) -> Tokenizer | None:
+        """The tokenizer for an execution's text: the configured one, else the one its recording named."""
+        if self.tokenizer is not None or self.recorded_tokenizers is None:
+            return self.tokenizer
+        return self.recorded_tokenizers.for_execution(conn, execution_id)
 
     @functools.cached_property
     def modes(self) -> Transactions:

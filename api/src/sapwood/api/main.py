@@ -27,6 +27,7 @@ from sapwood.api.middleware import (
     RelativeRedirectMiddleware,
 )
 from sapwood.api.queries.stats import LagReader
+from sapwood.api.recorded_tokenizer import RecordedTokenizers
 from sapwood.api.routes import calls, executions, export, health, keys, nodes, prompts, runs, scheduler, stats
 from sapwood.api.tokenizer import load_tokenizer
 from sapwood.api.ui import mount_ui
@@ -88,6 +89,7 @@ def create_app(settings: ApiSettings | None = None, *, store: Store | None = Non
         paths=LRU(512),
         cursors=Cursors(settings.api_cursor_secret.get_secret_value() or None),
         exports=open_export_pool(settings, store),
+        recorded_tokenizers=RecordedTokenizers() if settings.tokenizer.strip().lower() == "recorded" else None,
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.api_max_body_bytes)

@@ -104,7 +104,7 @@ def char_tokenizer() -> CharTokenizer:
 def load_tokenizer(spec: str) -> Tokenizer | None:
     """Tokenizer named by ``spec`` (see the module docstring); None for ``"none"``."""
     spec = spec.strip()
-    if spec.lower() in ("", "none"):
+    if spec.lower() in ("", "none", "recorded"):  # recorded: per execution (sapwood.api.recorded_tokenizer)
         return None
     if spec.lower() == "char":
         return char_tokenizer()

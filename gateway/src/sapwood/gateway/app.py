@@ -34,8 +34,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sapwood.gateway import json_codec, openai_format, sglang_format
 from sapwood.gateway.drift import DriftCheck, check_drift
 from sapwood.gateway.ingest_lag import LagGuard, LagReader
+from sapwood.gateway.journal import JournaledTransport, SessionJournal
+from sapwood.gateway.model_dir import folder_from_models, tokenizer_metadata
 from sapwood.gateway.openai_format import MalformedAnswerError, RecordedChoice
 from sapwood.gateway.recording import ACK_MODES, Admission, BackgroundRecorder
+from sapwood.gateway.restart import resume_sessions
 from sapwood.gateway.sessions import Session, SessionError, SessionRef, SessionTable, resolve
 from sapwood.gateway.sglang_format import GenerateGather
 from sapwood.gateway.streaming import StreamGather, parse_sse_data
@@ -132,6 +135,14 @@ class GatewayConfig:
     max_ingest_lag: int | None = None
     #: Seconds between two ingest-lag readings.
     lag_interval_s: float = 2.0
+    #: File where every recorded event is journaled before it is queued, so a restarted gateway continues
+    #: the sessions it had open (None: no journal; a restart then starts new executions for them).
+    journal_path: str | None = None
+    #: Force each journal append to the disk (survives a power loss, not only a killed process).
+    journal_fsync: bool = False
+    #: The upstream's model folder: its tokenizer is named in each execution (None: the folder the first
+    #: upstream's ``/v1/models`` names, when it is readable here).
+    upstream_model_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.ack not in ACK_MODES:
@@ -161,6 +172,16 @@ class Gateway:
         self.finished: OrderedDict[str, ExecutionRecorder] = OrderedDict()
         self._recorders: dict[str, Recorder] = {}
         self._lock = threading.Lock()
+        #: ``tokenizer`` / ``tokenizer_sha256`` of the upstream's tokenizer, put in each execution's metadata.
+        self.tokenizer: dict[str, str] = (
+            tokenizer_metadata(config.upstream_model_dir) if config.upstream_model_dir else {})
+        self.journal: SessionJournal | None = None
+        #: Sessions continued from the journal when this gateway started.
+        self.resumed_sessions = 0
+        if config.journal_path is not None:
+            self.journal = SessionJournal(config.journal_path, fsync=config.journal_fsync)
+            self.transport = JournaledTransport(self.recorder, self.journal)  # before any Recorder is made
+            self.resumed_sessions = resume_sessions(self)
         self.registry = CollectorRegistry()
         def counter(name: str, doc: str, label: str) -> Counter:
             return Counter(name, doc, [label], registry=self.registry)
@@ -204,7 +225,8 @@ class Gateway:
             return Admission(False, "ingest_lag")
         return self.recorder.admit()
 
-    def _recorder(self, run_id: str) -> Recorder:
+    def recorder_for(self, run_id: str) -> Recorder:
+        """The rollout SDK recorder of one run (made on first use)."""
         rec = self._recorders.get(run_id)
         if rec is None:
             rec = self._recorders[run_id] = Recorder(
@@ -218,10 +240,11 @@ class Gateway:
             labels = session.labels
             meta = {
                 **self.config.metadata,
+                **self.tokenizer,
                 "session_id": session.session_id,
                 **{k: v for k, v in labels.items() if k in ("parent_session", "policy_version")},
             }
-            ex = self._recorder(labels.get("run", self.config.run_id)).start(
+            ex = self.recorder_for(labels.get("run", self.config.run_id)).start(
                 labels.get("task", session.session_id), task_family=labels.get("task_family"), metadata=meta
             )
             self.executions[session.session_id] = ex
@@ -364,8 +387,21 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             await asyncio.sleep(period)
             await asyncio.to_thread(gw.expire_idle, time.monotonic())
 
+    async def _discover_tokenizer() -> None:
+        """No --upstream-model-dir: the model folder the first upstream names in /v1/models, if readable here."""
+        try:
+            r = await http.get(config.upstreams[0] + "/v1/models", timeout=5.0)
+            folder = folder_from_models(r.json()) if r.status_code == 200 else None
+            if folder is not None:
+                gw.tokenizer = tokenizer_metadata(folder)
+                log.info("the upstream's tokenizer: %s", gw.tokenizer["tokenizer"])
+        except (httpx.HTTPError, ValueError) as exc:
+            log.info("no tokenizer from %s/v1/models: %s", config.upstreams[0], exc)
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if not gw.tokenizer:
+            await _discover_tokenizer()
         expiry = asyncio.create_task(_expiry_loop())
         if gw.lag_guard is not None:
             gw.lag_guard.start()
@@ -375,6 +411,8 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             await asyncio.to_thread(gw.lag_guard.close)
         # every queued event reaches the transport, or shutdown fails naming how many did not
         await asyncio.to_thread(gw.recorder.close, config.drain_timeout_s)
+        if gw.journal is not None:
+            gw.journal.close()
         if client is None:
             await http.aclose()
 
@@ -567,7 +605,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
 
         @app.get(prefix + "/v1/models")
         async def models() -> Response:
-            r = await http.get(config.upstreams[0] + "/v1/models")
+            r = await http.get(config.upstreams[0] + "/v1/models", timeout=5.0)
             return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
 
     @app.post("/v1/sessions/{session_id}/finish")
@@ -616,6 +654,8 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
             "upstreams": config.upstreams,
             "ack": config.ack,
             "recorder_backlog": gw.recorder.backlog,
+            "resumed_sessions": gw.resumed_sessions,
+            "tokenizer": gw.tokenizer.get("tokenizer"),
             "ingest_lag": None if gw.lag_guard is None else gw.lag_guard.lag,
         }
 

@@ -9,6 +9,8 @@ import typer
 
 #: Seconds a thread may hold the GIL while another waits for it (Python's default: 0.005).
 GIL_SWITCH_INTERVAL_S = 0.0005
+JOURNAL_HELP = ("session journal: every recorded event is appended here before it is queued, so a restarted "
+                "gateway continues the sessions it had open")
 
 
 def gateway(
@@ -62,6 +64,19 @@ def gateway(
         str | None, typer.Option(envvar="SAPWOOD_INGEST_GROUP", help="the ingest's consumer group (lag is read for it)")
     ] = None,
     lag_interval: Annotated[float, typer.Option(help="seconds between two ingest-lag readings")] = 2.0,
+    journal: Annotated[str, typer.Option(help=JOURNAL_HELP)] = "sapwood-gateway.journal",
+    no_journal: Annotated[
+        bool, typer.Option("--no-journal", help="no session journal (a restart starts new executions)")
+    ] = False,
+    journal_fsync: Annotated[
+        bool, typer.Option("--journal-fsync", help="force each journal append to the disk (power loss)")
+    ] = False,
+    upstream_model_dir: Annotated[
+        str | None,
+        typer.Option(help="the upstream's model folder (its tokenizer.json): recorded with each execution so "
+                     "audits and the viewer show text per token; unset: the folder the upstream's /v1/models "
+                     "names, when it is readable here"),
+    ] = None,
 ) -> None:
     """Proxy /v1/completions, /v1/chat/completions and /generate to the upstreams; record every call as TITO events."""
     import uvicorn
@@ -77,6 +92,8 @@ def gateway(
             fail_open=fail_open, max_pending=max_pending, batch_size=batch_size, retry_after_s=retry_after,
             max_attempts=max_attempts, transport_timeout_s=transport_timeout, drain_timeout_s=drain_timeout,
             max_ingest_lag=max_ingest_lag, lag_interval_s=lag_interval,
+            journal_path=None if no_journal else journal, journal_fsync=journal_fsync,
+            upstream_model_dir=upstream_model_dir,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -87,6 +87,11 @@ class SessionTable:
         session.last_seen = now
         return session
 
+    def reopen(self, session_id: str, labels: dict[str, str], now: float) -> Session:
+        """An open session taken back after a restart (its idle time counts from ``now``)."""
+        session = self.open[session_id] = Session(session_id, dict(labels), now)
+        return session
+
     def finish(self, session_id: str, status: str) -> Session:
         """Close a session with ``status``; KeyError names an unknown session."""
         session = self.open.pop(session_id, None)

@@ -37,6 +37,7 @@ import torch
 from sapwood.learner.errors import LearnerError
 from sapwood.learner.model import PolicyBackend
 from sapwood.learner.trainer import SAOTrainer
+from sapwood.platform.fsync import fsync_dir
 
 __all__ = ["FORMAT", "CheckpointError", "WrittenCheckpoint", "read_checkpoint", "remove_unpublished",
            "restore_training_state", "training_state", "write_checkpoint"]
@@ -115,16 +116,8 @@ def write_checkpoint(directory: str | Path, version: int, state: dict[str, Any])
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return WrittenCheckpoint(path, digest)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_checkpoint(path: str | Path, digest: str) -> dict[str, Any]:

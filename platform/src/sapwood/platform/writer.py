@@ -93,6 +93,39 @@ class ExecutionWriter:
             self.events.append(event)
         return event
 
+    def restore(self, event: Event) -> None:
+        """Take back an event this execution recorded earlier (e.g. read from a journal after a crash), so
+        the writer continues after it: the next sequence number, the tree's nodes, the score revision.
+        Events must come in sequence order, from ``execution_started`` (seq 0) on."""
+        if event.execution_id != self.execution_id or event.seq != self._seq + 1:
+            raise SequenceError(f"restore: expected seq {self._seq + 1} of execution {self.execution_id}, "
+                                f"got seq {event.seq} of {event.execution_id}")
+        if self.finished and not isinstance(event, PartialScore):
+            raise SequenceError(f"restore: execution {self.execution_id} is finished; got {event.kind}")
+        self._seq = int(event.seq)
+        self._grow(event)
+
+    def _grow(self, event: Event) -> None:
+        """What an event adds to the writer's state (tree nodes, revision, finished), once it has its seq."""
+        if isinstance(event, Prompt):
+            self._add(event.node_id, event.parent, event.token_ids, "prompt")
+        elif isinstance(event, Observation):
+            self._add(event.node_id, event.parent, event.token_ids, "observation")
+        elif isinstance(event, ModelCall):
+            in_node = event.parent
+            if event.appended.size:
+                in_node = event.input_node_id
+                self._add(in_node or "", event.parent, event.appended, "prompt")
+            self._add(event.output_node_id, in_node, event.output_ids, event.call_kind)
+        elif isinstance(event, SegmentBoundary):
+            segment = self._node(event.from_node, "compaction source").segment + 1
+            self._continued.add(event.from_node)
+            self._add(event.root_node_id, None, event.token_ids, "prompt", segment=segment)
+        elif isinstance(event, PartialScore):
+            self._score_revision = event.revision
+        elif isinstance(event, ExecutionFinished):
+            self.finished = True
+
     def _node(self, node_id: str, what: str) -> _WNode:
         node = self.nodes.get(node_id)
         if node is None:
@@ -158,14 +191,14 @@ class ExecutionWriter:
             self._node(parent, "prompt parent")
         ev = Prompt(parent=parent, token_ids=as_tokens(tokens), source=source)
         self._next(ev)
-        self._add(ev.node_id, parent, ev.token_ids, "prompt")
+        self._grow(ev)
         return ev
 
     def observe(self, parent: str, tokens: Any, *, source: str = "tool") -> Observation:
         self._node(parent, "observation parent")
         ev = Observation(parent=parent, token_ids=as_tokens(tokens), source=source)
         self._next(ev)
-        self._add(ev.node_id, parent, ev.token_ids, "observation")
+        self._grow(ev)
         return ev
 
     def call(
@@ -198,11 +231,7 @@ class ExecutionWriter:
                        finish_reason=finish_reason, timings=dict(timings or {}), sampling_params=sampling_params,
                        drift_checked=drift_checked, drift_at=drift_at)
         self._next(ev)
-        in_node = parent
-        if app.size:
-            in_node = ev.input_node_id
-            self._add(in_node or "", parent, app, "prompt")
-        self._add(ev.output_node_id, in_node, out, kind)
+        self._grow(ev)
         return ev
 
     def fork(self, at_node: str, branches: int, *, reason: str = "resample") -> Fork:
@@ -217,8 +246,7 @@ class ExecutionWriter:
             raise ValidationError(f"compaction must follow a summary call's output, {from_node} is {src.role}")
         ev = SegmentBoundary(from_node=from_node, token_ids=as_tokens(context_tokens))
         self._next(ev)
-        self._continued.add(from_node)
-        self._add(ev.root_node_id, None, ev.token_ids, "prompt", segment=src.segment + 1)
+        self._grow(ev)
         return ev
 
     def score(self, score: float, *, components: dict[str, float] | None = None, scorer: str = "default",
@@ -226,7 +254,7 @@ class ExecutionWriter:
         ev = PartialScore(score=score, components=dict(components or {}), scorer=scorer,
                           revision=self._score_revision + 1, note=note)
         self._next(ev)
-        self._score_revision += 1
+        self._grow(ev)
         return ev
 
     def finish(self, status: str = "success", reward: float | None = None, *,
@@ -234,7 +262,7 @@ class ExecutionWriter:
         ev = ExecutionFinished(status=status, reward=reward, leaf_rewards=dict(leaf_rewards or {}),  # type: ignore[arg-type]
                                message=message)
         self._next(ev)
-        self.finished = True
+        self._grow(ev)
         return ev
 
     def leaves(self) -> list[str]:

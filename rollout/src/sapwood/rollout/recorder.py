@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
@@ -36,6 +37,7 @@ from sapwood.platform.errors import LengthMismatchError, SequenceError, UnknownP
 from sapwood.platform.events import (
     Event,
     ExecutionFinished,
+    ExecutionStarted,
     Fork,
     ModelCall,
     Observation,
@@ -113,6 +115,17 @@ class Recorder:
             ex.prompt(prompt, source="prompt")
         return ex
 
+    def resume(self, events: Sequence[Event]) -> ExecutionRecorder:
+        """Continue an execution recorded earlier, from its events in sequence order (``execution_started``
+        first, e.g. read back from a journal after a crash): nothing is sent again; the next event takes
+        the next sequence number and the tree holds every node the events made."""
+        if not events or not isinstance(events[0], ExecutionStarted):
+            raise SequenceError("resume needs the execution's events from its execution_started on")
+        start = events[0]
+        return ExecutionRecorder(self, task_id=start.task_id, task_family=start.task_family, metadata=start.metadata,
+                               execution_id=start.execution_id, sampling_params=start.sampling_params,
+                               resumed=events)
+
     def claim_prompt(self, prompts: PromptSource[Lease]) -> Lease | None:
         """Claim the next prompt sample of ``prompts``' run under a lease (None when none is available);
         :meth:`~sapwood.rollout.prompts.PromptLease.start` then starts its execution on this recorder."""
@@ -165,7 +178,8 @@ class ExecutionRecorder:
     """
 
     def __init__(self, recorder: Recorder, *, task_id: str, task_family: str, metadata: dict[str, Any] | None,
-                 execution_id: str | None, sampling_params: dict[str, Any]) -> None:
+                 execution_id: str | None, sampling_params: dict[str, Any],
+                 resumed: Sequence[Event] = ()) -> None:
         self._rec = recorder
         self._writer = ExecutionWriter(
             run_id=recorder.run_id, task_id=task_id, task_family=task_family, engine=recorder.engine,
@@ -180,8 +194,24 @@ class ExecutionRecorder:
         limit = recorder.transport.max_event_bytes
         #: Most token ids one event may carry (None: unlimited).
         self.max_event_tokens = None if limit is None else max(1, (limit - min(HEADER_ALLOWANCE, limit // 4)) // 4)
+        if resumed:  # Recorder.resume: take the events back, send nothing
+            self._restore(resumed)
+            return
         self._queue(self._writer.start())
         self.resend()
+
+    def _restore(self, events: Sequence[Event]) -> None:
+        for event in events:
+            self._writer.restore(event)
+            if isinstance(event, ModelCall):
+                self.head = event.output_node_id
+                self.n_calls += 1
+                if event.call_kind == "summary":
+                    self.last_summary = event.output_node_id
+            elif isinstance(event, Prompt | Observation):
+                self.head = event.node_id
+            elif isinstance(event, SegmentBoundary):
+                self.head = event.root_node_id
 
     # -- plumbing -----------------------------------------------------------------------------------
     @property

@@ -4,6 +4,7 @@ and the reverse question — which calls saw a given node in their input.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,14 +57,18 @@ def call_with_input(conn: Connection, call_id: str) -> tuple[dict[str, Any], Reb
 
 
 def audit(conn: Connection, call_id: str, *, tokenizer: Tokenizer | None, tokens: bool = True,
-          text: bool = True) -> dict[str, Any]:
+          text: bool = True, tokenizer_of: Callable[[Connection, str], Tokenizer | None] | None = None
+          ) -> dict[str, Any]:
     """Everything about one model call: exact input (verified), output, log-probs, version, engine, timings.
 
     One statement (the input's path with the call, its output spans and its execution's facts on the
     root's row). Token ids and log-probs are numpy arrays (int32 [L], float32 [n]):
-    :func:`sapwood.api.routes.dump` writes them directly.
+    :func:`sapwood.api.routes.dump` writes them directly. ``tokenizer_of`` (connection, execution id):
+    the tokenizer of the call's execution, used when ``tokenizer`` is None (``SAPWOOD_TOKENIZER=recorded``).
     """
     row, rebuilt = call_with_input(conn, call_id)
+    if tokenizer is None and tokenizer_of is not None and text:
+        tokenizer = tokenizer_of(conn, str(row["execution_id"]))
     out_ids = unpack_tokens(decode_span(row["out_encoding"], row["out_data"]))
     out_lps = unpack_logprobs(decode_span(row["lp_encoding"], row["lp_data"]))
     decode = tokenizer.decode if (tokenizer is not None and text) else None

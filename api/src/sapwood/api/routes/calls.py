@@ -36,7 +36,8 @@ async def audit_call(
 
     def build() -> bytes:
         with services.read() as conn:
-            return dump(AuditOut, q.audit(conn, cid, tokenizer=services.tokenizer, tokens=tokens, text=text))
+            return dump(AuditOut, q.audit(conn, cid, tokenizer=services.tokenizer, tokens=tokens, text=text,
+                                         tokenizer_of=services.tokenizer_of))
 
     return await cached_json(request, services, ("audit", cid, tokens, text), build)
 

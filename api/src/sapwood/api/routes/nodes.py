@@ -32,9 +32,10 @@ def get_node(node_id: uuid.UUID, services: ServicesDep, _key: ReadKey, offset: O
     _check_limit(limit, services.settings.api_max_token_page)
     with services.read() as conn:
         out, ids = trees.node_detail(conn, str(node_id), offset=offset, limit=limit)
-    if services.tokenizer is not None:
-        out["text"] = services.tokenizer.decode(ids.tolist())
-        out["token_texts"] = per_token_text(services.tokenizer.decode, ids.tolist())
+        tokenizer = services.tokenizer_of(conn, str(out["execution_id"]))
+    if tokenizer is not None:
+        out["text"] = tokenizer.decode(ids.tolist())
+        out["token_texts"] = per_token_text(tokenizer.decode, ids.tolist())
     return json_response(NodeDetail, out)
 
 

@@ -47,7 +47,8 @@ def features(app: FastAPI) -> dict[str, Any]:
     """Which optional routes the app serves and whether audits carry decoded text."""
     paths = set(app.openapi().get("paths", {}))
     out: dict[str, Any] = {name: path in paths for name, path in OPTIONAL_ROUTES.items()}
-    out["tokenizer"] = app.state.sapwood.tokenizer is not None
+    services = app.state.sapwood
+    out["tokenizer"] = services.tokenizer is not None or services.recorded_tokenizers is not None
     return out
 
 
