@@ -56,6 +56,7 @@ from typing import Any
 from sapwood.learner.audit import audit_training
 from sapwood.learner.length_bias import length_bias
 from sapwood.platform import runs
+from sapwood.platform.errors import StoreUnavailableError
 from sapwood.platform.events import CellRegistered
 from sapwood.platform.prompts import PromptRow, add_prompts, prompt_progress
 from sapwood.platform.storage.backends import prompt_queue
@@ -221,7 +222,11 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
     finished = False
     try:
         while time.monotonic() - t0 < max_seconds:
-            done, total, version, untrained = _progress(store, run_id)
+            try:
+                done, total, version, untrained = _progress(store, run_id)
+            except StoreUnavailableError:  # the poll hit the statement timeout under load: poll again
+                time.sleep(1.0)
+                continue
             now = time.monotonic()
             if done > last[0]:
                 progress_at["worker"].append(now)
