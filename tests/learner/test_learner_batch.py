@@ -9,15 +9,7 @@ import pytest
 import torch
 
 from sapwood.learner import forest
-from sapwood.learner.batch import (
-    ACTION,
-    OBSERVATION,
-    PROMPT,
-    SUMMARY,
-    TreeBatch,
-    TreeBatchBuilder,
-    tree_attention_mask,
-)
+from sapwood.learner.batch import ACTION, OBSERVATION, PROMPT, SUMMARY, TreeBatch, TreeBatchBuilder, tree_attention_mask
 from sapwood.learner.errors import BatchValidationError
 from sapwood.learner.flat import flatten
 from tests.support.random_trees import random_tree_batch

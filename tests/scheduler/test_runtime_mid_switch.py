@@ -1,6 +1,8 @@
 """``runtime.mid_switch``: the live-loop process driving a switch is SIGKILLed after the leaving cell's calls
-were aborted and before they were rerouted; the restarted process moves the cell again and every execution
-ends with each of its calls stored once (local Ray, detached runtime actors, SQLite store)."""
+were aborted and before they were rerouted. The restarted process first rolls the half-done switch back
+(:meth:`SwitchCoordinator.repair`: the held calls rerouted, the cell in ``rollout`` again), then acts on its
+own decision: the same move, or keeping the cell. Either way every execution ends with each of its calls
+stored once (local Ray, detached runtime actors, SQLite store)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,52 +32,94 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
-def _driver(address: str, prefix: str, fault: str | None) -> subprocess.CompletedProcess[str]:
+def _driver(address: str, prefix: str, fault: str | None, role: str = "train") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SAPWOOD_FAULT"}
     if fault:
         env["SAPWOOD_FAULT"] = fault
     return subprocess.run([sys.executable, "-m", "tests.support.switch_driver", address, NAMESPACE, prefix, "c0",
-                           "train"],
+                           role],
                           env=env, capture_output=True, text=True, timeout=1200)
 
 
-def test_a_switch_killed_mid_way_is_finished_by_the_restart_losing_and_duplicating_no_call(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _crash_mid_switch(rt: ElasticRuntime) -> dict[str, Any]:
+    """Kill a driver moving c0 to train at ``runtime.mid_switch``; returns c0's status after the crash."""
+    crashed = _driver(ray.get_runtime_context().gcs_address, str(rt.actor_prefix), "runtime.mid_switch")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    # killed mid-switch: c0 admits nothing, its aborted calls wait for a release that never came
+    status: dict[str, Any] = ray.get(rt.cells["c0"].status.remote())
+    assert status["draining"], status
+    assert status["in_flight"] >= 1, status
+    assert status["role"] == "rollout", status
+    assert ray.get(rt.router.stats.remote())["roles"]["c0"] == "rollout"
+    assert rt.decisions("c0", "train") == []  # the crashed loop never flushed its decision
+    return status
+
+
+def _restart(rt: ElasticRuntime, role: str, held: int) -> dict[str, Any]:
+    """Restart the driver deciding c0 → ``role``; checks it rolled the half-done switch back first."""
+    restarted = _driver(ray.get_runtime_context().gcs_address, str(rt.actor_prefix), None, role)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    report: dict[str, Any] = json.loads(restarted.stdout.strip().splitlines()[-1])
+    (repaired,) = report["repaired"]
+    assert repaired["cell"] == "c0"
+    assert repaired["to_role"] == "rollout"
+    assert repaired["aborted_calls"] >= held  # the held calls were aborted again (a no-op) and rerouted
+    assert {"abort", "kv_handoff", "reroute", "activate"} <= set(repaired["phases"])
+    return report
+
+
+def _no_call_lost_or_twice(rt: ElasticRuntime, bg: Background, rerouted: int) -> None:
+    outcomes = bg.join()
+    assert len(outcomes) == 4
+    in_store = rt.call_counts()
+    for o in outcomes:
+        assert o.status in ("success", "timeout"), o
+        row = in_store[o.execution_id]
+        assert row.calls == o.calls == row.distinct_seq  # every completed call stored once, none lost
+        assert row.actions == o.steps
+    assert sum(o.rerouted_calls for o in outcomes) >= rerouted
+
+
+def _runtime(tmp_path: Any, tag: str) -> ElasticRuntime:
     # 0.3 s per token: a call is in flight on c0 for seconds, so the switch aborts it (no grace)
-    rt = ElasticRuntime(f"sqlite:///{tmp_path / 'store.db'}", [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)],
-                        model_config(), initial_state(), decode_delay_s=0.3, grace_s=0.0,
-                        actor_prefix=f"mid{time.time_ns()}")
-    address = ray.get_runtime_context().gcs_address
+    cells = [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)]
+    return ElasticRuntime(f"sqlite:///{tmp_path / 'store.db'}", cells, model_config(), initial_state(),
+                          decode_delay_s=0.3, grace_s=0.0,
+                          actor_prefix=f"{tag}{time.time_ns()}")
+
+
+def test_a_switch_killed_mid_way_is_rolled_back_then_redone_losing_and_duplicating_no_call(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rt = _runtime(tmp_path, "mid")
     try:
         bg = Background(rt, n=4, concurrency=4)
-        crashed = _driver(address, str(rt.actor_prefix), "runtime.mid_switch")
-        assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
-        # killed mid-switch: c0 admits nothing, its aborted calls wait for a release that never came
-        status = ray.get(rt.cells["c0"].status.remote())
-        assert status["draining"], status
-        assert status["in_flight"] >= 1, status
-        assert status["role"] == "rollout", status
-        assert ray.get(rt.router.stats.remote())["roles"]["c0"] == "rollout"
-        assert rt.decisions("c0", "train") == []  # the crashed loop never flushed its decision
-
-        restarted = _driver(address, str(rt.actor_prefix), None)
-        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
-        report = json.loads(restarted.stdout.strip().splitlines()[-1])
+        status = _crash_mid_switch(rt)
+        report = _restart(rt, "train", status["in_flight"])
         assert report["moves"] == {"c0": ["rollout", "train"]}
-        assert report["aborted_calls"] >= status["in_flight"]  # the held calls were aborted again and rerouted
-        assert {"abort", "kv_handoff", "reroute"} <= set(report["phases"])
         assert "weight_load" not in report["phases"]  # no core cell to take parameters from: nothing loaded
-
-        outcomes = bg.join()
-        assert len(outcomes) == 4
-        in_store = rt.call_counts()
-        for o in outcomes:
-            assert o.status in ("success", "timeout"), o
-            row = in_store[o.execution_id]
-            assert row.calls == o.calls == row.distinct_seq  # every completed call stored once, none lost
-            assert row.actions == o.steps
-        assert sum(o.rerouted_calls for o in outcomes) >= report["aborted_calls"]
+        _no_call_lost_or_twice(rt, bg, status["in_flight"])
         assert ray.get(rt.cells["c0"].status.remote())["role"] == "train"
         assert len(rt.decisions("c0", "train")) == 1  # recorded once, by the restart
         assert rt.cell_roles()["c0"] == "train"
+    finally:
+        rt.shutdown()
+
+
+def test_a_restart_deciding_otherwise_rolls_the_half_done_switch_back_and_the_cell_serves_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rt = _runtime(tmp_path, "back")
+    try:
+        bg = Background(rt, n=4, concurrency=4)
+        status = _crash_mid_switch(rt)
+        report = _restart(rt, "rollout", status["in_flight"])  # the restart keeps c0 in rollout
+        assert report["moves"] == {}
+        assert report["aborted_calls"] == 0  # nothing left for a move to abort
+        after = ray.get(rt.cells["c0"].status.remote())
+        assert after["role"] == "rollout", after
+        assert not after["draining"], after  # one consistent role: serving again, at the cell and the router
+        stats = ray.get(rt.router.stats.remote())
+        assert stats["roles"]["c0"] == "rollout"
+        assert "c0" not in stats["draining"]
+        _no_call_lost_or_twice(rt, bg, status["in_flight"])
+        assert rt.decisions("c0", "train") == []  # no move was made or recorded
+        assert rt.cell_roles()["c0"] == "rollout"
     finally:
         rt.shutdown()

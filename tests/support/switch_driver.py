@@ -2,7 +2,8 @@
 test): joins the Ray cluster at ADDRESS in NAMESPACE, finds the runtime's named actors by PREFIX, waits until CELL has a
 call in flight, and ticks a :class:`~sapwood.scheduler.live_loop.SchedulerLoop` once with a policy that moves
 CELL to ROLE through the :class:`~sapwood.scheduler.runtime.actuator.RayActuator` (no grace: the calls in
-flight are aborted). Prints the phases of the switch as one JSON line.
+flight are aborted; it waits for a call in flight on CELL only when ``SAPWOOD_FAULT`` is set). Connecting
+rolls back a half-done switch first. Prints the move's and the repair's phases as one JSON line.
 
     python -m tests.support.switch_driver ADDRESS NAMESPACE PREFIX CELL ROLE
 """
@@ -10,6 +11,7 @@ flight are aborted). Prints the phases of the switch as one JSON line.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -38,22 +40,27 @@ class MoveOne:
 
 def main(address: str, namespace: str, prefix: str, cell: str, role: str) -> None:
     ray.init(address=address, namespace=namespace, log_to_driver=False)
-    actuator = RayActuator.connect(prefix, grace_s=0.0)
+    actuator = RayActuator.connect(prefix, grace_s=0.0)  # rolls back a half-done switch first
+    print(f"connected; repaired {[r.cell_id for r in actuator.repaired]}", file=sys.stderr, flush=True)
     roles = dict(actuator.coordinator.roles)
     handle = actuator.coordinator.cells[cell]
-    deadline = time.monotonic() + 300.0
-    while int(ray.get(handle.status.remote())["in_flight"]) == 0:  # the switch must catch a call in flight
+    deadline = time.monotonic() + 900.0
+    while os.environ.get("SAPWOOD_FAULT") and int(ray.get(handle.status.remote())["in_flight"]) == 0:
+        # the armed run's switch must catch a call in flight
         if time.monotonic() > deadline:
-            raise SystemExit(f"no call in flight on {cell} within 300 s")
+            raise SystemExit(f"no call in flight on {cell} within 900 s")
         time.sleep(0.01)
     cells = tuple(CellState(cell_id=c, role=r, capacity=2) for c, r in roles.items())
     writer = ray.get_actor(f"{prefix}-store-writer")
     loop = SchedulerLoop(lambda: Signals(at_s=time.time(), cells=cells, batch_size=4), MoveOne(cell, role),
                          StoreWriterSink(writer), actuator)
     result = loop.tick()
-    report = actuator.coordinator.reports[-1]
-    print(json.dumps({"moves": {c: list(m) for c, m in result.moves.items()}, "aborted_calls": report.aborted_calls,
-                      "phases": sorted(report.phases)}))
+    moved = [r for r in actuator.coordinator.reports if r not in actuator.repaired]
+    print(json.dumps({"moves": {c: list(m) for c, m in result.moves.items()},
+                      "aborted_calls": sum(r.aborted_calls for r in moved),
+                      "phases": sorted({p for r in moved for p in r.phases}),
+                      "repaired": [{"cell": r.cell_id, "to_role": r.to_role, "aborted_calls": r.aborted_calls,
+                                    "phases": sorted(r.phases)} for r in actuator.repaired]}))
 
 
 if __name__ == "__main__":

@@ -20,45 +20,53 @@ Public surface (re-exported here):
 * ``claims``: ``BatchSource`` (claims of a run's executions under a lease) and ``assembly``: ``build_batch``
   (Jmax-bounded tree batches from the store, in named steps); ``forest``: the pointer-doubling primitives.
 
-Importing ``sapwood.learner`` needs torch (the ``learner`` extra).
+Importing ``sapwood.learner`` needs torch installed (the ``learner`` extra); the names are imported on first
+use (``sapwood.platform.lazy_exports``), so ``import sapwood.learner.cli`` does not load torch.
 """
 
-from sapwood.learner.advantages import (
-    GAEResult,
-    batch_gae,
-    cross_trajectory_gae,
-    skip_observation_gae,
-    token_gae,
-    tree_gae,
-)
-from sapwood.learner.batch import (
-    ACTION,
-    OBSERVATION,
-    PROMPT,
-    SUMMARY,
-    TreeBatch,
-    TreeBatchBuilder,
-    tree_attention_mask,
-)
-from sapwood.learner.config import (
-    AdvantageConfig,
-    CriticConfig,
-    DISWindow,
-    LearnerConfig,
-    OptimConfig,
-    PolicyLossConfig,
-)
-from sapwood.learner.errors import BatchValidationError, ConfigError, LearnerError
-from sapwood.learner.flat import FlatBatch, flatten
-from sapwood.learner.losses import aggregate, dis_policy_loss, metric_floats, ppo_clip_policy_loss, value_loss
-from sapwood.learner.model import (
-    ForwardOutput,
-    PolicyBackend,
-    TinyActorCritic,
-    TinyTransformerConfig,
-    TorchBackend,
-)
-from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sapwood.platform.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from sapwood.learner.advantages import (
+        GAEResult,
+        batch_gae,
+        cross_trajectory_gae,
+        skip_observation_gae,
+        token_gae,
+        tree_gae,
+    )
+    from sapwood.learner.batch import (
+        ACTION,
+        OBSERVATION,
+        PROMPT,
+        SUMMARY,
+        TreeBatch,
+        TreeBatchBuilder,
+        tree_attention_mask,
+    )
+    from sapwood.learner.config import (
+        AdvantageConfig,
+        CriticConfig,
+        DISWindow,
+        LearnerConfig,
+        OptimConfig,
+        PolicyLossConfig,
+    )
+    from sapwood.learner.errors import BatchValidationError, ConfigError, LearnerError
+    from sapwood.learner.flat import FlatBatch, flatten
+    from sapwood.learner.losses import aggregate, dis_policy_loss, metric_floats, ppo_clip_policy_loss, value_loss
+    from sapwood.learner.model import (
+        ForwardOutput,
+        PolicyBackend,
+        TinyActorCritic,
+        TinyTransformerConfig,
+        TorchBackend,
+    )
+    from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
 
 __all__ = [
     "ACTION",
@@ -99,3 +107,6 @@ __all__ = [
     "tree_gae",
     "value_loss",
 ]
+
+__getattr__ = lazy_exports(__name__, __all__, ("advantages", "batch", "config", "errors", "flat", "losses", "model",
+                                                "trainer"), needs=("torch",))

@@ -2,7 +2,12 @@
 
 A :class:`BatchSource` claims executions of its run (``sapwood.platform.runs``) under a lease, hands
 them to :func:`sapwood.learner.assembly.build_batch`, and completes or releases the claims after the
-step (:class:`ClaimedBatch`). A crashed learner's claims are claimable again when their lease ends.
+step (:class:`ClaimedBatch`). A crashed learner's claims are claimable again when their lease ends, or at
+once when its restart has the same stable ``identity``: each process claims as ``identity#<random>`` (a
+holder no other process has) and on start gives back every claim of an earlier ``identity#…`` holder. A
+predecessor that is in fact still alive then finds those claims gone at its renew or its commit (the
+commit's ``complete`` runs in the publishing transaction), rolls back and reloads, so no batch is
+committed by two learners.
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ class ClaimedBatch:
 
 
 class BatchSource:
-    """Claims and assembles batches of ``run_id`` for learner ``learner_id``."""
+    """Claims and assembles batches of ``run_id`` for learner ``learner_id``, or, with a stable ``identity``
+    (e.g. the learner's slot), as ``identity#<random>`` after taking over that identity's earlier claims
+    (:attr:`taken_over` counts them)."""
 
     def __init__(
         self,
@@ -55,13 +62,23 @@ class BatchSource:
         learner_id: str | None = None,
         config: SourceConfig | None = None,
         prefetch: bool = False,
+        identity: str | None = None,
     ) -> None:
+        if identity is not None and learner_id is not None:
+            raise ValueError("pass learner_id or identity, not both")
         self.store = store
         self.run_id = run_id
-        self.learner_id = learner_id or f"learner-{uuid.uuid4().hex[:8]}"
+        if identity is not None:
+            self.learner_id = f"{identity}#{uuid.uuid4().hex[:12]}"
+        else:
+            self.learner_id = learner_id or f"learner-{uuid.uuid4().hex[:8]}"
         self.config = config or SourceConfig()
+        self.taken_over = 0
+        """Claims of earlier processes of :attr:`identity` given back on start (claimable at once)."""
         with store.transaction() as conn:
             self.run = runs.get_run(conn, run_id)
+            if identity is not None:
+                self.taken_over = runs.release_predecessors(conn, run_id, identity, self.learner_id)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch") if prefetch else None
         self._pending: Future[ClaimedBatch | None] | None = None
         self._lock = threading.Lock()

@@ -34,6 +34,9 @@ def learn(
                                   ] = 3600.0,
     critic_warmup_steps: Annotated[int, typer.Option(help="critic-only steps before the first policy update")] = 8,
     seed: Annotated[int, typer.Option(help="torch seed of the initial weights (a fresh run)")] = 0,
+    identity: Annotated[str | None, typer.Option(
+        help="stable learner identity (e.g. its slot): a restart takes its dead predecessor's claims over at "
+             "once instead of after --lease-s")] = None,
 ) -> None:
     """Claim Jmax-bounded batches of RUN exactly once, train CompactionRL + SAO steps, publish versions."""
     import torch
@@ -78,7 +81,7 @@ def learn(
     backend = create_backend(backend_name, TinyTransformerConfig(vocab_size=int(vocab_size)), config)
     source_config = SourceConfig(jmax=jmax, executions_per_batch=executions_per_batch, lease_s=lease_s)
     learner = Learner(store, run, SAOTrainer(backend, config), checkpoint_dir=checkpoint_dir, prefetch=True,
-                      checkpoint_grace_s=checkpoint_grace_s, source_config=source_config)
+                      checkpoint_grace_s=checkpoint_grace_s, source_config=source_config, identity=identity)
     resumed = learner.resume()
     if resumed is not None:
         console.print(f"resumed from policy version {resumed}")

@@ -79,12 +79,14 @@ class Learner:
         publish_run_id: str | None = None,
         prefetch: bool = False,
         checkpoint_grace_s: float = 3600.0,
+        identity: str | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
         self.trainer = trainer
         cfg = source_config or SourceConfig(jmax=trainer.config.jmax)
-        self.source = BatchSource(store, run_id, learner_id=learner_id, config=cfg, prefetch=prefetch)
+        self.source = BatchSource(store, run_id, learner_id=learner_id, config=cfg, prefetch=prefetch,
+                                  identity=identity)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.publish_run_id = publish_run_id if publish_run_id is not None else run_id
         self.checkpoint_grace_s = checkpoint_grace_s

@@ -125,6 +125,12 @@ def release_holder(conn: Connection, run_id: str, learner_id: str) -> int:
     return run_queue(conn).release_holder(conn, run_id, learner_id)
 
 
+def release_predecessors(conn: Connection, run_id: str, identity: str, learner_id: str) -> int:
+    """Give back what earlier processes of the stable ``identity`` still claim (holders ``identity#…`` other
+    than ``learner_id``), so a restart takes its predecessor's work over without waiting for the lease."""
+    return run_queue(conn).release_predecessors(conn, run_id, identity, learner_id)
+
+
 def run_progress(conn: Connection, run_id: str) -> dict[str, int]:
     """Items per state for ``run_id``."""
     return run_queue(conn).progress(conn, run_id)

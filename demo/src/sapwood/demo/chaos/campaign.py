@@ -5,7 +5,9 @@ exactly once; and compare the evaluation reward with a no-fault run of the same 
 A fresh run gets ``prompts`` synthetic prompts × ``samples`` samples (``sapwood.platform.prompts``);
 ``workers`` rollout worker processes (``python -m sapwood.rollout.prompt_worker``) claim and record them
 straight into the store, and ``learners`` ``sapwood learn`` processes train the run's finished executions
-concurrently (each commit races the others for the next version; the loser rolls back and reloads). With
+concurrently (each commit races the others for the next version; the loser rolls back and reloads). Each
+learner slot has a stable ``--identity``, so its restart takes the dead process's claims over at once
+instead of waiting out their lease. With
 ``kafka``, the workers record through Kafka (a fresh 4-partition topic) and ``ingests`` ``sapwood ingest``
 processes apply the events; a worker keeps each sample's lease until ingest stored its finished execution.
 With ``scheduler``, one ``sapwood scheduler run`` process (the live loop, elastic policy, logging actuator)
@@ -54,6 +56,7 @@ from typing import Any
 from sapwood.learner.audit import audit_training
 from sapwood.learner.length_bias import length_bias
 from sapwood.platform import runs
+from sapwood.platform.errors import StoreUnavailableError
 from sapwood.platform.events import CellRegistered
 from sapwood.platform.prompts import PromptRow, add_prompts, prompt_progress
 from sapwood.platform.storage.backends import prompt_queue
@@ -101,7 +104,7 @@ class Campaign:
     deaths: list[dict[str, Any]] = field(default_factory=list)
     pending_faults: dict[str, list[str]] = field(default_factory=dict)
 
-    def command(self, kind: str, name: str) -> list[str]:
+    def command(self, kind: str, slot: int, name: str) -> list[str]:
         if kind == "worker":
             return [sys.executable, "-m", "sapwood.rollout.prompt_worker", self.url, self.run_id, name,
                     str(self.lease_s), "4", "3", str(self.call_s), *(self.kafka or ())]
@@ -119,7 +122,7 @@ class Campaign:
         return [*_SAPWOOD, "learn", "--database-url", self.url, "--run", self.run_id, "--executions-per-batch", "4",
                 "--critic-warmup-steps", "0", "--lease-s", str(self.lease_s), "--checkpoint-dir",
                 str(self.out / "checkpoints"), "--checkpoint-grace-s", "60", "--idle-timeout", "10",
-                "--max-steps", "100000", "--threads", "1", "--vocab-size", "500"]
+                "--max-steps", "100000", "--threads", "1", "--vocab-size", "500", "--identity", f"learner{slot}"]
 
     def spawn(self, kind: str, slot: int) -> Proc:
         self.generation[kind] += 1
@@ -134,7 +137,7 @@ class Campaign:
         name = f"{kind}{slot}-{self.generation[kind]}"
         path = self.out / f"{name}.log"
         log = open(path, "wb")  # noqa: SIM115 (the child owns it)
-        p = Proc(kind, slot, subprocess.Popen(self.command(kind, name), env=env, stdout=log,
+        p = Proc(kind, slot, subprocess.Popen(self.command(kind, slot, name), env=env, stdout=log,
                                               stderr=subprocess.STDOUT), fault, time.monotonic(), path)
         self.procs.append(p)
         return p
@@ -219,7 +222,11 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
     finished = False
     try:
         while time.monotonic() - t0 < max_seconds:
-            done, total, version, untrained = _progress(store, run_id)
+            try:
+                done, total, version, untrained = _progress(store, run_id)
+            except StoreUnavailableError:  # the poll hit the statement timeout under load: poll again
+                time.sleep(1.0)
+                continue
             now = time.monotonic()
             if done > last[0]:
                 progress_at["worker"].append(now)

@@ -90,6 +90,16 @@ class LeaseQueue:
                               .values(state="pending", claimed_by=None, lease_until=None))
         return int(result.rowcount)
 
+    def release_predecessors(self, conn: Connection, run_id: str, identity: str, holder: str) -> int:
+        """Return to pending every item claimed by an earlier process of the stable ``identity`` (holders
+        ``identity#<anything>`` other than ``holder``, the caller's own); how many. Each process's holder is
+        unique, so a predecessor still alive loses those items: its renew and complete no longer match."""
+        c = self.c
+        result = conn.execute(self.table.update().where(
+            c.run_id == run_id, c.state == "claimed", c.claimed_by.startswith(f"{identity}#", autoescape=True),
+            c.claimed_by != holder).values(state="pending", claimed_by=None, lease_until=None))
+        return int(result.rowcount)
+
     def release(self, conn: Connection, run_id: str, holder: str, keys: list[str]) -> None:
         """Return ``holder``'s claimed items among ``keys`` to pending; others are left as they are."""
         c = self.c

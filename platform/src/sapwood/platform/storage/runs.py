@@ -72,6 +72,10 @@ class RunQueue(Protocol):
         """Return every item ``learner_id`` still has claimed to pending; how many."""
         ...
 
+    def release_predecessors(self, conn: Connection, run_id: str, identity: str, learner_id: str) -> int:
+        """Return to pending the items earlier processes of ``identity`` claimed (``LeaseQueue``); how many."""
+        ...
+
     def progress(self, conn: Connection, run_id: str) -> dict[str, int]:
         """Items per state: ``{"pending": n, "claimed": n, "done": n}``."""
         ...

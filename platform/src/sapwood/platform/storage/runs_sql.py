@@ -128,6 +128,9 @@ class SqlRunQueue(RunQueue):
     def release_holder(self, conn: Connection, run_id: str, learner_id: str) -> int:
         return self.leases.release_holder(conn, run_id, learner_id)
 
+    def release_predecessors(self, conn: Connection, run_id: str, identity: str, learner_id: str) -> int:
+        return self.leases.release_predecessors(conn, run_id, identity, learner_id)
+
     def progress(self, conn: Connection, run_id: str) -> dict[str, int]:
         rows = conn.execute(sa.select(_ri.state, sa.func.count()).where(_ri.run_id == run_id).group_by(_ri.state))
         out = {"pending": 0, "claimed": 0, "done": 0}

@@ -2,7 +2,8 @@
 
 ``sapwood scheduler run --actuator ray --ray-address ADDR`` joins the Ray cluster where an elastic
 runtime was started with ``actor_prefix`` (named, detached actors ``<prefix>-router`` and
-``<prefix>-cell-<id>``) and moves those cells as the policy decides. The loop records the
+``<prefix>-cell-<id>``) and moves those cells as the policy decides. On connect it first rolls back a
+half-done switch a killed predecessor left (:meth:`SwitchCoordinator.repair`). The loop records the
 ``role_assigned`` event and the ``switch_phase`` events from the phases :meth:`RayActuator.move`
 returns, so the coordinator here has no recorder.
 """
@@ -14,7 +15,7 @@ from typing import Any
 import ray
 
 from sapwood.platform.events import CellRole
-from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator
+from sapwood.scheduler.runtime.switch import PolicySource, SwitchCoordinator, SwitchReport
 
 __all__ = ["RayActuator"]
 
@@ -24,6 +25,8 @@ class RayActuator:
 
     def __init__(self, coordinator: SwitchCoordinator) -> None:
         self.coordinator = coordinator
+        self.repaired: list[SwitchReport] = []
+        """Half-done switches :meth:`connect` rolled back (:meth:`SwitchCoordinator.repair`)."""
 
     @classmethod
     def connect(cls, prefix: str = "sapwood", *, address: str | None = None,
@@ -44,7 +47,9 @@ class RayActuator:
                                                          strict=True)}
         coord = SwitchCoordinator(cells, roles, router, None, policy_source=policy_source, tiers=tiers,
                                   grace_s=grace_s)
-        return cls(coord)
+        actuator = cls(coord)
+        actuator.repaired = coord.repair()  # a dead driver's half-done switch, rolled back before any decision
+        return actuator
 
     def queue(self) -> dict[str, Any]:
         """The router's queue lag (``Router.queue``), for the live signals' rollout demand."""

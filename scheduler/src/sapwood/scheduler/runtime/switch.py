@@ -219,6 +219,49 @@ class SwitchCoordinator:
         self.reports.append(rep)
         return rep
 
+    def repair(self) -> list[SwitchReport]:
+        """Settle every half-done switch a dead driver left. A cell the router still routes as ``rollout``
+        whose own role is another was cut between its two activates: the router takes the cell's role (the
+        move is finished). A ``rollout`` cell that is draining (at the cell or at the router) had its move
+        cut between the drain and the activate: the move is rolled back.
+        Its calls in flight (held after their abort, or still running) are aborted (a no-op for held ones),
+        handed off and rerouted to the other rollout cells, and the cell takes ``rollout`` again, so it is
+        in one consistent role before the next decision, whatever that decides. Returns one report per
+        repaired cell (``from_role`` = ``to_role`` = ``rollout``; phases ``abort`` and, with calls,
+        ``kv_handoff`` / ``reroute``, ``activate``). Only one driver may move a runtime's cells: a live
+        driver's switch in progress looks the same."""
+        draining = set(ray.get(self.router.stats.remote())["draining"])
+        ids = [cid for cid, role in self.roles.items() if role == "rollout"]
+        statuses = ray.get([self.cells[cid].status.remote() for cid in ids])
+        out: list[SwitchReport] = []
+        for cid, st in zip(ids, statuses, strict=True):
+            if st["role"] != "rollout":  # cut after the cell's activate: finish it at the router
+                ray.get(self.router.set_role.remote(cid, st["role"]))
+                self.roles[cid] = st["role"]
+                out.append(SwitchReport(cid, "rollout", st["role"], started_at=time.time()))
+                continue
+            if not (st["draining"] or cid in draining):
+                continue
+            cell = self.cells[cid]
+            rep = SwitchReport(cid, "rollout", "rollout", started_at=time.time())
+            t_start = t = time.perf_counter()
+            aborted = ray.get(cell.abort_inflight.remote())
+            rep.aborted_calls = len(aborted)
+            rep.phases["abort"] = time.perf_counter() - t
+            rep.work["abort"] = len(aborted)
+            self._reroute_aborted(cid, cell, aborted, rep)
+            t = time.perf_counter()
+            ray.get(cell.set_role.remote("rollout"))
+            ray.get(self.router.set_role.remote(cid, "rollout"))
+            rep.phases["activate"] = time.perf_counter() - t
+            rep.wall_s = time.perf_counter() - t_start
+            if self.recorder is not None:
+                self.recorder.phases(rep.cell_id, rep.to_role, rep.phases.items())
+                self.recorder.flush()
+            self.reports.append(rep)
+            out.append(rep)
+        return out
+
     def _leave_rollout(self, cell_id: str, cell: Any, rep: SwitchReport) -> None:
         t = time.perf_counter()
         ray.get(self.router.drain.remote(cell_id))
@@ -235,6 +278,10 @@ class SwitchCoordinator:
         rep.phases["abort"] = time.perf_counter() - t
         rep.work["abort"] = len(aborted)
         fault_point("runtime.mid_switch")
+        self._reroute_aborted(cell_id, cell, aborted, rep)
+
+    def _reroute_aborted(self, cell_id: str, cell: Any, aborted: list[AbortedCall], rep: SwitchReport) -> None:
+        """Hand off, release and reroute the aborted calls of ``cell_id`` (phases ``kv_handoff``, ``reroute``)."""
         if not aborted:  # the calls ended between the grace period and the abort
             return
         t = time.perf_counter()
