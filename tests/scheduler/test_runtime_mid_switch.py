@@ -32,19 +32,48 @@ def local_ray() -> Iterator[None]:
     ray.shutdown()
 
 
-def _driver(address: str, prefix: str, fault: str | None, role: str = "train") -> subprocess.CompletedProcess[str]:
+# Each wait below is bounded (the driver's own waits, Background.join); this module's pytest timeout stays above
+# their sum, so a slow run fails with the message of the wait that ran out, not pytest's.
+pytestmark = pytest.mark.timeout(3000)
+DRIVER_TIMEOUT_S = 900.0
+
+
+def _driver_command(address: str, prefix: str, role: str) -> list[str]:
+    return [sys.executable, "-m", "tests.support.switch_driver", address, NAMESPACE, prefix, "c0", role]
+
+
+def _driver_env(fault: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SAPWOOD_FAULT"}
     if fault:
         env["SAPWOOD_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "tests.support.switch_driver", address, NAMESPACE, prefix, "c0",
-                           role],
-                          env=env, capture_output=True, text=True, timeout=1200)
+    return env
 
 
-def _crash_mid_switch(rt: ElasticRuntime) -> dict[str, Any]:
-    """Kill a driver moving c0 to train at ``runtime.mid_switch``; returns c0's status after the crash."""
-    crashed = _driver(ray.get_runtime_context().gcs_address, str(rt.actor_prefix), "runtime.mid_switch")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+def _crash_mid_switch(rt: ElasticRuntime) -> tuple[dict[str, Any], Background]:
+    """Kill a driver moving c0 to train at ``runtime.mid_switch``; returns c0's status after the crash and the
+    executions running meanwhile.
+
+    The executions start only once the driver has connected (its ``connected`` line), so however long a loaded
+    machine takes to start the driver, calls are still in flight when it looks for one on c0."""
+    address = ray.get_runtime_context().gcs_address
+    proc = subprocess.Popen(_driver_command(address, str(rt.actor_prefix), "train"), env=_driver_env(
+        "runtime.mid_switch"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen: list[str] = []
+        assert proc.stderr is not None
+        for line in proc.stderr:  # ends at EOF: the driver died before connecting
+            seen.append(line)
+            if line.startswith("connected"):
+                break
+        else:
+            pytest.fail("the driver exited before connecting:\n" + "".join(seen))
+        bg = Background(rt, n=4, concurrency=4)
+        out, err = proc.communicate(timeout=DRIVER_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL, out + "".join(seen) + err
     # killed mid-switch: c0 admits nothing, its aborted calls wait for a release that never came
     status: dict[str, Any] = ray.get(rt.cells["c0"].status.remote())
     assert status["draining"], status
@@ -52,12 +81,13 @@ def _crash_mid_switch(rt: ElasticRuntime) -> dict[str, Any]:
     assert status["role"] == "rollout", status
     assert ray.get(rt.router.stats.remote())["roles"]["c0"] == "rollout"
     assert rt.decisions("c0", "train") == []  # the crashed loop never flushed its decision
-    return status
+    return status, bg
 
 
 def _restart(rt: ElasticRuntime, role: str, held: int) -> dict[str, Any]:
     """Restart the driver deciding c0 → ``role``; checks it rolled the half-done switch back first."""
-    restarted = _driver(ray.get_runtime_context().gcs_address, str(rt.actor_prefix), None, role)
+    restarted = subprocess.run(_driver_command(ray.get_runtime_context().gcs_address, str(rt.actor_prefix), role),
+                               env=_driver_env(None), capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S)
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
     report: dict[str, Any] = json.loads(restarted.stdout.strip().splitlines()[-1])
     (repaired,) = report["repaired"]
@@ -69,7 +99,7 @@ def _restart(rt: ElasticRuntime, role: str, held: int) -> dict[str, Any]:
 
 
 def _no_call_lost_or_twice(rt: ElasticRuntime, bg: Background, rerouted: int) -> None:
-    outcomes = bg.join()
+    outcomes = bg.join(timeout=DRIVER_TIMEOUT_S)
     assert len(outcomes) == 4
     in_store = rt.call_counts()
     for o in outcomes:
@@ -91,8 +121,7 @@ def _runtime(tmp_path: Any, tag: str) -> ElasticRuntime:
 def test_a_switch_killed_mid_way_is_rolled_back_then_redone_losing_and_duplicating_no_call(tmp_path) -> None:  # type: ignore[no-untyped-def]
     rt = _runtime(tmp_path, "mid")
     try:
-        bg = Background(rt, n=4, concurrency=4)
-        status = _crash_mid_switch(rt)
+        status, bg = _crash_mid_switch(rt)
         report = _restart(rt, "train", status["in_flight"])
         assert report["moves"] == {"c0": ["rollout", "train"]}
         assert "weight_load" not in report["phases"]  # no core cell to take parameters from: nothing loaded
@@ -107,8 +136,7 @@ def test_a_switch_killed_mid_way_is_rolled_back_then_redone_losing_and_duplicati
 def test_a_restart_deciding_otherwise_rolls_the_half_done_switch_back_and_the_cell_serves_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
     rt = _runtime(tmp_path, "back")
     try:
-        bg = Background(rt, n=4, concurrency=4)
-        status = _crash_mid_switch(rt)
+        status, bg = _crash_mid_switch(rt)
         report = _restart(rt, "rollout", status["in_flight"])  # the restart keeps c0 in rollout
         assert report["moves"] == {}
         assert report["aborted_calls"] == 0  # nothing left for a move to abort
