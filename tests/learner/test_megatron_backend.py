@@ -133,7 +133,7 @@ def test_trainer_steps_match_torch_backend(shared: bool) -> None:
         a, b = t_tr.train_step(batch), m_tr.train_step(batch)
         assert a.keys() == b.keys()
         for k in ("train/loss", "critic/value_loss", "critic/grad_norm", "train/catchup_steps"):
-            assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-12), k
+            assert a[k] == pytest.approx(b[k], rel=1e-7, abs=1e-12), k
     assert torch_b.policy_version == mega.policy_version == 2
     want = torch_b.model.state_dict()
     got = mega.tiny_state_dict()
