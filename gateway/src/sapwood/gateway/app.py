@@ -437,25 +437,32 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
     async def _send_upstream(
         route: Route, ref: SessionRef, up_body: dict[str, Any], stream: bool
     ) -> tuple[httpx.Response | None, str, str]:
-        """POST to the session's upstream, retrying the next one on a connection error or 5xx (same body);
-        returns the last response (None if none answered), its URL and the last error message."""
-        order = upstream_order(config.upstreams, ref.session_id)[: config.max_attempts]
+        """POST to the session's upstream, retrying on a connection error or 5xx (same body), up to
+        ``max_attempts`` tries: a 5xx on the next upstream (if there is another), a connection error on the
+        next one round the list (with one upstream: the same one again; httpx drops the broken connection,
+        so the retry gets another: a kept-alive connection the server closed as it was reused answers
+        ``ReadError`` / ``RemoteProtocolError``). Returns the last response (None if none answered), its URL
+        and the last error message (naming the exception's type: httpx's own text is often empty)."""
+        order = upstream_order(config.upstreams, ref.session_id)
         content = json_codec.dumps(up_body)  # once: every attempt sends the same bytes
         resp: httpx.Response | None = None
         url, error = "", ""
-        for k, base in enumerate(order):
-            url = base + ROUTE_PATHS[route]
+        for k in range(config.max_attempts):
+            url = order[k % len(order)] + ROUTE_PATHS[route]
+            last = k == config.max_attempts - 1
             try:
                 resp = await http.send(http.build_request("POST", url, content=content, headers=_JSON), stream=stream)
             except httpx.HTTPError as exc:
-                resp, error, reason = None, f"upstream {url} unreachable: {exc}", "connection"
+                text = str(exc) or "(no message)"
+                resp, reason = None, "connection"
+                error = f"upstream {url} unreachable after {k + 1} attempt(s): {type(exc).__name__}: {text}"
             else:
-                if resp.status_code < 500 or k == len(order) - 1:
+                if resp.status_code < 500 or last or k + 1 >= len(order):
                     return resp, url, ""
                 await resp.aread()
                 await resp.aclose()
                 reason = "status"
-            if k < len(order) - 1:
+            if not last:
                 gw.retries.labels(reason).inc()
         return resp, url, error
 
