@@ -418,6 +418,7 @@ def create_app(config: GatewayConfig, transport: Transport, *, client: httpx.Asy
 
     app = FastAPI(title="sapwood gateway", lifespan=lifespan)
     app.state.gateway = gw
+    app.state.upstream_client = http  # its pool limits and keep-alive expiry are checked by tests
 
     async def _await_acks(kinds: Sequence[tuple[str, ModelCall | ExecutionFinished | PartialScore]]) -> None:
         """Durable mode: return once every call's event is acknowledged; :class:`NotAcknowledged` if not."""
