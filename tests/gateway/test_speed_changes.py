@@ -18,8 +18,8 @@ from sapwood.gateway import cli
 from sapwood.gateway.app import Gateway, GatewayConfig, create_app
 from sapwood.gateway.openai_format import client_answer
 from sapwood.platform.events import Event
-from sapwood.rollout.transports import Transport
 from sapwood.platform.writer import ExecutionWriter
+from sapwood.rollout.transports import Transport
 from tests.support.stub_upstream import stub_app
 
 
