@@ -33,7 +33,9 @@ def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(p
     assert figures["finished"], figures
     assert figures["fault_deaths"]["runtime.mid_switch"] == 2, figures
     assert [r["restart_role"] for r in figures["mid_switch"]] == ["train", "rollout"], figures
-    assert all(r["held_calls"] >= 1 and r["stored_rerouted_calls"] >= r["held_calls"] for r in figures["mid_switch"])
+    for r in figures["mid_switch"]:  # calls held by the crash, then served again and stored once
+        assert r["held_calls"] >= 1, r
+        assert r["stored_rerouted_calls"] >= r["held_calls"], r
     assert figures["random_kills"] >= 8, figures
     assert figures["deaths"] >= 8, figures
     assert figures["random_kills_by_kind"].keys() == {"worker", "learner", "scheduler"}, figures  # each kind died
