@@ -29,8 +29,13 @@ def _campaign() -> ModuleType:
 
 def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(pg_url: str, tmp_path: Path) -> None:
     figures = _campaign().run_campaign(pg_url, prompts=40, samples=2, workers=3, learners=2, kills=8, seed=1,
-                                       out=tmp_path, max_seconds=600.0)
+                                       out=tmp_path, max_seconds=600.0)  # with 2 runtime.mid_switch rounds
     assert figures["finished"], figures
+    assert figures["fault_deaths"]["runtime.mid_switch"] == 2, figures
+    assert [r["restart_role"] for r in figures["mid_switch"]] == ["train", "rollout"], figures
+    for r in figures["mid_switch"]:  # calls held by the crash, then served again and stored once
+        assert r["held_calls"] >= 1, r
+        assert r["stored_rerouted_calls"] >= r["held_calls"], r
     assert figures["random_kills"] >= 8, figures
     assert figures["deaths"] >= 8, figures
     assert figures["random_kills_by_kind"].keys() == {"worker", "learner", "scheduler"}, figures  # each kind died
@@ -55,7 +60,8 @@ def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(p
 def test_short_campaign_through_kafka_and_killed_ingest_loses_and_duplicates_nothing(
         pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     figures = _campaign().run_campaign(pg_url, prompts=30, samples=2, workers=3, learners=2, kills=8, seed=2,
-                                       out=tmp_path, max_seconds=600.0, kafka=kafka_bootstrap, ingests=2)
+                                       out=tmp_path, max_seconds=600.0, kafka=kafka_bootstrap, ingests=2,
+                                       mid_switch_rounds=0)
     assert figures["transport"] == "kafka"
     assert figures["finished"], figures
     assert figures["random_kills"] >= 8, figures
@@ -72,7 +78,8 @@ def test_short_campaign_through_kafka_and_killed_ingest_loses_and_duplicates_not
 
 def test_campaign_compares_the_evaluation_reward_with_a_no_fault_run(pg_url: str, tmp_path: Path) -> None:
     figures = _campaign().run_campaign(pg_url, prompts=10, samples=2, workers=3, learners=2, kills=4, seed=3,
-                                       out=tmp_path, max_seconds=600.0, compare=True, eval_points=5)
+                                       out=tmp_path, max_seconds=600.0, compare=True, eval_points=5,
+                                       mid_switch_rounds=0)
     assert figures["finished"], figures
     assert figures["audit_ok"], figures
     clean = figures["no_fault"]

@@ -31,8 +31,12 @@ With ``compare``, the same campaign runs again with no kill and no fault point (
 a new run id), and the evaluation reward (:mod:`sapwood.demo.chaos.evaluation`) of the published
 checkpoints of both runs is drawn in ``reward_curves.png`` with a mark at each death of the chaos run.
 
-Not covered: the elastic runtime (Ray) and its ``runtime.mid_switch`` point (its own crash test is
-``tests/scheduler/test_runtime_mid_switch.py``). Each attempt's length is drawn afresh
+The elastic runtime's fault point ``runtime.mid_switch`` fires in ``mid_switch_rounds`` crash rounds after the
+run (:mod:`sapwood.demo.chaos.mid_switch`: a small Ray runtime on its own SQLite store, the switch's live-loop
+process killed between aborting a cell's calls and rerouting them, a restart that repairs the half-done
+switch and then redoes the move or keeps the cell; every call stored once). The campaign's run has no Ray
+runtime (its workers are processes that claim from the prompt queue), so the rounds run beside it, not
+inside it; their deaths count in ``fault_deaths``. Each attempt's length is drawn afresh
 (``prompt_worker.attempt_length``), so the length check detects a queue that favours short rollouts on
 re-issue, not the (expected) fact that long attempts are killed more often.
 """
@@ -186,7 +190,7 @@ class _Outcome:
 
 def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, learners: int, kills: int,
               seed: int, lease_s: float, call_s: float, max_seconds: float, kafka: str | None, ingests: int,
-              scheduler: bool, faults: bool) -> _Outcome:
+              scheduler: bool, faults: bool, mid_switch_rounds: int = 0) -> _Outcome:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     run_id = f"chaos-{uuid.uuid4().hex[:8]}"
@@ -275,6 +279,11 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
             p.popen.kill()
             p.popen.wait()
     elapsed = time.monotonic() - t0
+    mid_switch: list[dict[str, Any]] = []
+    if faults and mid_switch_rounds:
+        from sapwood.demo.chaos.mid_switch import run_rounds
+
+        mid_switch = [r.to_json() for r in run_rounds(out / "mid-switch", mid_switch_rounds)]
 
     # -- the proof, from the store alone --------------------------------------------------------------
     with store.transaction() as conn:
@@ -304,8 +313,10 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
         "samples": len(all_samples), "workers": workers, "learners": learners, "ingests": ingests if kafka else 0,
         "scheduler": scheduler, "transport": "kafka" if kafka else "store", "random_kills": killed,
         "random_kills_by_kind": dict(Counter(d["kind"] for d in c.deaths if d["cause"] == "kill -9")),
-        "fault_deaths": dict(Counter(d["cause"].split("@")[0] for d in c.deaths if d["cause"] != "kill -9")),
-        "deaths": len(c.deaths), "faults_not_reached": [f for q in c.pending_faults.values() for f in q],
+        "fault_deaths": dict(Counter(d["cause"].split("@")[0] for d in c.deaths if d["cause"] != "kill -9")
+                             + Counter({"runtime.mid_switch": len(mid_switch)})),
+        "deaths": len(c.deaths) + len(mid_switch), "mid_switch": mid_switch,
+        "faults_not_reached": [f for q in c.pending_faults.values() for f in q],
         "samples_skipped": len(all_samples - set(finished_by_sample)),
         "samples_duplicated": sum(1 for n in finished_by_sample.values() if n > 1),
         "abandoned_executions": len(abandoned), "abandoned_queued_for_training": len(abandoned & set(queued)),
@@ -339,13 +350,14 @@ def _curve(checkpoints: list[tuple[int, str]], sample_ids: list[str], points: in
 def run_campaign(url: str, *, prompts: int = 200, samples: int = 2, workers: int = 3, learners: int = 2,
                  kills: int = 30, seed: int = 0, lease_s: float = 2.0, call_s: float = 0.05, out: Path | None = None,
                  max_seconds: float = 1800.0, kafka: str | None = None, ingests: int = 2, scheduler: bool = True,
-                 compare: bool = False, eval_points: int = 30) -> dict[str, Any]:
+                 compare: bool = False, eval_points: int = 30, mid_switch_rounds: int = 2) -> dict[str, Any]:
     """Run the campaign (and with ``compare`` the no-fault run); returns the figures (module docstring)."""
     out = Path(out or tempfile.mkdtemp(prefix="sapwood-chaos-training-"))
     kw: dict[str, Any] = {"prompts": prompts, "samples": samples, "workers": workers, "learners": learners,
                           "seed": seed, "lease_s": lease_s, "call_s": call_s, "max_seconds": max_seconds,
                           "kafka": kafka, "ingests": ingests, "scheduler": scheduler}
-    chaos = _run_once(url, out / "chaos" if compare else out, kills=kills, faults=True, **kw)
+    chaos = _run_once(url, out / "chaos" if compare else out, kills=kills, faults=True,
+                      mid_switch_rounds=mid_switch_rounds, **kw)
     figures = chaos.figures
     checkpoints = figures.pop("checkpoints")
     if not compare:

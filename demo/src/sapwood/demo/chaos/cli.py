@@ -37,6 +37,8 @@ def training(
     ingests: Annotated[int, typer.Option(min=1, help="ingest processes (with --kafka)")] = 2,
     scheduler: Annotated[bool, typer.Option(help="run (and kill) the live scheduler")] = True,
     compare: Annotated[bool, typer.Option(help="also run with no fault; compare evaluation rewards (PNG)")] = True,
+    mid_switch_rounds: Annotated[int, typer.Option(min=0, help="runtime.mid_switch crash rounds on a Ray runtime "
+                                                   "beside the run (0: none)")] = 2,
 ) -> None:
     """Kill -9 workers, ingest, learners and the scheduler of a run; print one JSON line of figures."""
     from sapwood.demo.chaos.campaign import run_campaign
@@ -46,7 +48,8 @@ def training(
         raise typer.BadParameter("pass --database-url (or set SAPWOOD_TEST_DATABASE_URL)")
     figures = run_campaign(url, prompts=prompts, samples=samples, workers=workers, learners=learners, kills=kills,
                            seed=seed, lease_s=lease_s, call_s=call_s, out=out, max_seconds=max_seconds, kafka=kafka,
-                           ingests=ingests, scheduler=scheduler, compare=compare)
+                           ingests=ingests, scheduler=scheduler, compare=compare,
+                           mid_switch_rounds=mid_switch_rounds)
     print(json.dumps(figures))
 
 

@@ -15,7 +15,8 @@ from sqlalchemy.engine import Connection
 from sapwood.platform import schema as t
 from sapwood.platform.uuids import canonical_uuid
 
-__all__ = ["CallCounts", "ExecutionRecord", "call_counts", "cell_roles", "execution_records", "switch_phase_names"]
+__all__ = ["CallCounts", "ExecutionRecord", "call_counts", "cell_roles", "execution_records", "rerouted_calls",
+           "switch_phase_names"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,14 @@ def call_counts(conn: Connection) -> dict[str, CallCounts]:
     q = sa.select(c.execution_id, sa.func.count(), actions, sa.func.count(sa.distinct(c.seq))).group_by(
         c.execution_id)
     return {canonical_uuid(str(eid)): CallCounts(int(n), int(a or 0), int(d)) for eid, n, a, d in conn.execute(q)}
+
+
+def rerouted_calls(conn: Connection) -> int:
+    """Stored model calls that took more than one attempt (``timings["attempts"]`` > 1: an attempt was aborted
+    or lost and the call was served again, continuing from its kept partial output)."""
+    c = t.calls.c
+    return sum(1 for (timings,) in conn.execute(sa.select(c.timings))
+               if float((timings or {}).get("attempts", 1)) > 1)
 
 
 def switch_phase_names(conn: Connection, cell_id: str) -> set[str]:

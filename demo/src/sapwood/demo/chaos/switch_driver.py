@@ -1,11 +1,12 @@
-"""A live-loop process that moves one cell of a running elastic runtime (for the ``runtime.mid_switch`` crash
-test): joins the Ray cluster at ADDRESS in NAMESPACE, finds the runtime's named actors by PREFIX, waits until CELL has a
-call in flight, and ticks a :class:`~sapwood.scheduler.live_loop.SchedulerLoop` once with a policy that moves
-CELL to ROLE through the :class:`~sapwood.scheduler.runtime.actuator.RayActuator` (no grace: the calls in
-flight are aborted; it waits for a call in flight on CELL only when ``SAPWOOD_FAULT`` is set). Connecting
-rolls back a half-done switch first. Prints the move's and the repair's phases as one JSON line.
+"""A live-loop process that moves one cell of a running elastic runtime (for the ``runtime.mid_switch``
+crash rounds, :mod:`sapwood.demo.chaos.mid_switch`): joins the Ray cluster at ADDRESS in NAMESPACE, finds the
+runtime's named actors by PREFIX, waits until CELL has a call in flight, and ticks a
+:class:`~sapwood.scheduler.live_loop.SchedulerLoop` once with a policy that moves CELL to ROLE through the
+:class:`~sapwood.scheduler.runtime.actuator.RayActuator` (no grace: the calls in flight are aborted; it waits
+for a call in flight on CELL only when ``SAPWOOD_FAULT`` is set). Connecting rolls back a half-done switch
+first. Prints the move's and the repair's phases as one JSON line.
 
-    python -m tests.support.switch_driver ADDRESS NAMESPACE PREFIX CELL ROLE
+    python -m sapwood.demo.chaos.switch_driver ADDRESS NAMESPACE PREFIX CELL ROLE
 """
 
 from __future__ import annotations
