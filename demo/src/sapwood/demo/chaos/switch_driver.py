@@ -15,13 +15,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import ray
 
+from sapwood.platform.events.cells import CellRole
 from sapwood.scheduler.live_loop import SchedulerLoop
-from sapwood.scheduler.policy import Decision
+from sapwood.scheduler.policy import Assignment, Decision
 from sapwood.scheduler.runtime.actuator import RayActuator
 from sapwood.scheduler.runtime.store_writer import StoreWriterSink
 from sapwood.scheduler.signals import CellState, Signals
@@ -32,14 +34,18 @@ class MoveOne:
     """Moves ``cell`` to ``role`` and leaves the others where they are."""
 
     cell: str
-    role: Any
+    role: CellRole
     name: str = "move-one"
 
-    def decide(self, signals: Signals, assignment: dict[str, Any]) -> Decision:
-        return Decision(target={**assignment, self.cell: self.role}, reasons={self.cell: "test: mid-switch"})
+    def initial_assignment(self, cell_ids: Sequence[str]) -> dict[str, CellRole]:
+        """Every cell in rollout (the loop asks only before its first signal; the driver ticks a running one)."""
+        return dict.fromkeys(cell_ids, "rollout")
+
+    def decide(self, signals: Signals, assignment: Assignment) -> Decision:
+        return Decision(target={**assignment, self.cell: self.role}, reasons={self.cell: "chaos: mid-switch"})
 
 
-def main(address: str, namespace: str, prefix: str, cell: str, role: str) -> None:
+def main(address: str, namespace: str, prefix: str, cell: str, role: CellRole) -> None:
     ray.init(address=address, namespace=namespace, log_to_driver=False)
     actuator = RayActuator.connect(prefix, grace_s=0.0)  # rolls back a half-done switch first
     print(f"connected; repaired {[r.cell_id for r in actuator.repaired]}", file=sys.stderr, flush=True)
@@ -65,4 +71,6 @@ def main(address: str, namespace: str, prefix: str, cell: str, role: str) -> Non
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    if len(sys.argv) != 6 or sys.argv[5] not in ("rollout", "train", "idle"):
+        raise SystemExit(__doc__)
+    main(*sys.argv[1:5], cast(CellRole, sys.argv[5]))
