@@ -73,4 +73,5 @@ def main(address: str, namespace: str, prefix: str, cell: str, role: CellRole) -
 if __name__ == "__main__":
     if len(sys.argv) != 6 or sys.argv[5] not in ("rollout", "train", "idle"):
         raise SystemExit(__doc__)
-    main(*sys.argv[1:5], cast(CellRole, sys.argv[5]))
+    address, namespace, prefix, cell, role = sys.argv[1:]
+    main(address, namespace, prefix, cell, cast(CellRole, role))
