@@ -30,6 +30,7 @@ import ray
 
 from sapwood.demo.elastic.small_runtime import Background, initial_state, model_config
 from sapwood.platform.storage import run_record
+from sapwood.platform.storage.dialects import embedded_url
 from sapwood.platform.store import Store
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
 
@@ -54,7 +55,7 @@ def _check(ok: bool, message: str) -> None:
 def start_round_runtime(store_path: Path, tag: str) -> ElasticRuntime:
     """Two cells of capacity 2 at 0.3 s per token, no grace, named actors ``{tag}{ns}-…``; a SQLite store."""
     cells = [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)]
-    return ElasticRuntime(f"sqlite:///{store_path}", cells, model_config(), initial_state(), decode_delay_s=0.3,
+    return ElasticRuntime(embedded_url(store_path), cells, model_config(), initial_state(), decode_delay_s=0.3,
                           grace_s=0.0, actor_prefix=f"{tag}{time.time_ns()}")
 
 
@@ -185,7 +186,7 @@ def run_round(out: Path, restart_role: str, *, tag: str = "mid") -> RoundResult:
         _check(rt.cell_roles()["c0"] == restart_role, f"the cells projection has c0 as {rt.cell_roles()['c0']}")
     finally:
         rt.shutdown()
-    store = Store.open(f"sqlite:///{store_path}")
+    store = Store.open(embedded_url(store_path))
     try:
         with store.transaction() as conn:
             stored_rerouted = run_record.rerouted_calls(conn)
