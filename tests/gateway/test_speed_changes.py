@@ -108,4 +108,5 @@ def test_stripping_copies_only_the_dicts_it_changes_and_leaves_the_answer_alone(
     assert kept_lp["usage"] is answer["usage"], "unchanged parts are shared, not deep-copied"
     assert kept_lp["choices"][0]["logprobs"] is answer["choices"][0]["logprobs"]
     dropped = client_answer("completions", {}, answer)
-    assert dropped["choices"][0]["logprobs"] is None and answer == untouched
+    assert dropped["choices"][0]["logprobs"] is None
+    assert answer == untouched
