@@ -139,8 +139,9 @@ async def _sized_gateway(stored: list[int]) -> AsyncIterator[tuple[httpx.AsyncCl
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bytes.db"
         store = Store.open(f"sqlite:///{db}")
-        empty, empty_used = db.stat().st_size, _used_bytes(store)
-        store.close()
+        empty_used = _used_bytes(store)
+        store.close()  # checkpoints the write-ahead log into the file
+        empty = db.stat().st_size
         store = Store.open(f"sqlite:///{db}")
         wire: list[Event] = []
         inner = InProcessTransport(store, batch_size=64)
