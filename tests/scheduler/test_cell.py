@@ -80,7 +80,7 @@ def test_a_full_cell_refuses_and_a_drained_one_admits_nothing_new() -> None:
 
 
 def test_abort_keeps_the_partial_output_and_answers_after_release() -> None:
-    cell = make_cell(decode_delay_s=0.2)
+    cell = make_cell(decode_delay_s=0.2, release_wait_s=600.0)
     call = InThread(cell, "k", SamplingParams(max_new_tokens=50).to_dict())
     wait_for(lambda: cell.status()["in_flight"] == 1, "the call in flight")
     cell.drain()
@@ -100,7 +100,31 @@ def test_abort_keeps_the_partial_output_and_answers_after_release() -> None:
     assert cell.kv_info("k") == {"tokens": len(IDS) + len(partial) - 1, "bytes": cell.kv.peek("k").nbytes,  # type: ignore[union-attr]
                                  "version": 0}
     assert cell.status()["aborted"] == 1
+    assert cell.status()["unreleased_aborts"] == 0, "released, not timed out"
     assert cell.status()["served"] == 0
+
+
+def test_an_aborted_call_nobody_releases_answers_after_the_release_wait() -> None:
+    """A switch driver that died between its abort and its release: the call answers ``aborted`` by itself
+    (the router then continues it elsewhere) and is counted as unreleased."""
+    cell = make_cell(decode_delay_s=0.2, release_wait_s=0.3)
+    call = InThread(cell, "k", SamplingParams(max_new_tokens=50).to_dict())
+    wait_for(lambda: cell.status()["in_flight"] == 1, "the call in flight")
+    cell.drain()
+    [(_, _, ids)] = cell.abort_inflight()
+    res = call.join()
+    assert res["status"] == "aborted"
+    assert ids == IDS + res["output_ids"].tolist(), "the answer carries the partial output the abort named"
+    status = cell.status()
+    assert status["unreleased_aborts"] == 1
+    assert status["aborted"] == 1
+    assert status["in_flight"] == 0, "the unreleased call left the cell"
+
+
+@pytest.mark.parametrize("wait_s", [0.0, -1.0, float("nan")])
+def test_the_release_wait_must_be_positive(wait_s: float) -> None:
+    with pytest.raises(ValueError, match="release_wait_s must be > 0 seconds"):
+        make_cell(release_wait_s=wait_s)
 
 
 def test_prefill_is_used_by_the_continuing_call_and_loads_clear_it() -> None:

@@ -53,10 +53,13 @@ def _check(ok: bool, message: str) -> None:
 
 
 def start_round_runtime(store_path: Path, tag: str) -> ElasticRuntime:
-    """Two cells of capacity 2 at 0.3 s per token, no grace, named actors ``{tag}{ns}-…``; a SQLite store."""
+    """Two cells of capacity 2 at 0.3 s per token, no grace, named actors ``{tag}{ns}-…``; a SQLite store.
+    The calls the crash holds wait up to :data:`WAIT_S` for a release, so that the restart's repair is what
+    releases them, however slowly the restarted driver starts (with the default 10 s, a call left
+    unreleased answers ``aborted`` by itself and the router continues it without the repair)."""
     cells = [CellSpec("c0", capacity=2), CellSpec("c1", capacity=2)]
     return ElasticRuntime(embedded_url(store_path), cells, model_config(), initial_state(), decode_delay_s=0.3,
-                          grace_s=0.0, actor_prefix=f"{tag}{time.time_ns()}")
+                          grace_s=0.0, actor_prefix=f"{tag}{time.time_ns()}", release_wait_s=WAIT_S)
 
 
 def _driver(rt: ElasticRuntime, role: str) -> list[str]:
@@ -116,6 +119,8 @@ def restart_driver(rt: ElasticRuntime, role: str, held: int) -> dict[str, Any]:
            f"the repair rerouted {repaired[0]['aborted_calls']} calls, {held} were held")
     phases = set(repaired[0]["phases"])
     _check({"abort", "kv_handoff", "reroute", "activate"} <= phases, f"the repair's phases were {sorted(phases)}")
+    unreleased = ray.get(rt.cells["c0"].status.remote())["unreleased_aborts"]
+    _check(unreleased == 0, f"{unreleased} held calls answered before the repair released them")
     return report
 
 

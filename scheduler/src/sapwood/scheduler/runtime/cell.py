@@ -6,7 +6,8 @@ most ``capacity`` at a time, decoding incrementally over a KV cache, token by to
 be aborted between two tokens. Each execution's KV stays on the cell between its calls
 (:class:`~sapwood.scheduler.runtime.kv_store.KVStore`, keyed by the call's ``session``, LRU by bytes):
 a next call whose input extends the cached tokens feeds only the new suffix. A draining cell refuses
-new calls; an aborted call answers ``aborted`` with its partial output, and its KV can be exported to
+new calls; an aborted call answers ``aborted`` with its partial output once released (or after
+:data:`RELEASE_WAIT_S`), and its KV can be exported to
 the target cell through Ray's object store (:meth:`Cell.export_kv` / :meth:`Cell.import_kv`) or
 recomputed there (:meth:`Cell.prefill`). Agent loops and environments live in their own actors
 (:mod:`~sapwood.demo.elastic.executions`).
@@ -39,6 +40,11 @@ from sapwood.scheduler.runtime.kv_store import KVEntry, KVStore
 __all__ = ["Cell", "input_digest", "params_from_dict"]
 
 KV_CACHE_BYTES = 64 << 20
+#: Seconds an aborted call waits for :meth:`Cell.release_aborted` (the KV handoff) before it answers
+#: ``aborted`` anyway: a switch driver that died between its abort and its release leaves no call held
+#: for ever; the router continues the call on another rollout cell, recomputing its KV there. Counted
+#: in ``status()["unreleased_aborts"]``.
+RELEASE_WAIT_S = 10.0
 """Default per-cell KV cache budget (bytes)."""
 
 
@@ -68,12 +74,15 @@ class Cell:
     def __init__(self, cell_id: str, model_config: Any, state: dict[str, Any], *, version: int = 0,
                  capacity: int = 1, tier: str = "core", role: str = "idle", seed: int = 0,
                  decode_delay_s: float = 0.0, kv_cache_bytes: int = KV_CACHE_BYTES,
-                 device_costs: DeviceCosts | None = None) -> None:
+                 device_costs: DeviceCosts | None = None, release_wait_s: float = RELEASE_WAIT_S) -> None:
         import torch
 
         torch.set_num_threads(1)
         if capacity < 1:
             raise ValueError(f"cell capacity must be ≥ 1, got {capacity}")
+        if not release_wait_s > 0:
+            raise ValueError(f"release_wait_s must be > 0 seconds, got {release_wait_s}")
+        self.release_wait_s = release_wait_s
         self.cell_id, self.capacity, self.tier, self.role = cell_id, capacity, tier, role
         self.model_config = model_config
         self.engine = LocalTorchEngine(model_config, state=state, policy_version=version, seed=seed)
@@ -94,6 +103,7 @@ class Cell:
         self.kv = KVStore(kv_cache_bytes)
         self.served = 0
         self.aborted = 0
+        self.unreleased_aborts = 0
         self.prefix_hits = 0
         self.reused_tokens = 0
         self.fed_tokens = 0
@@ -168,9 +178,10 @@ class Cell:
                 # Aborted between two tokens: the partial output and its KV stay (the KV under the
                 # session, for export to the target cell); the router continues the call there.
                 call.stopped.set()
-                call.release.wait(10.0)
+                released = call.release.wait(self.release_wait_s)
                 with self._lock:
                     self.aborted += 1
+                    self.unreleased_aborts += not released
                 return {"status": "aborted", "reason": f"aborted on {self.cell_id} after {len(call.output)} "
                         "tokens (partial output kept)", **out}
             with self._lock:
@@ -419,7 +430,8 @@ class Cell:
         with self._lock:
             return {"cell_id": self.cell_id, "role": self.role, "tier": self.tier, "capacity": self.capacity,
                     "in_flight": len(self._calls), "draining": self.draining, "served": self.served,
-                    "aborted": self.aborted, "prefix_hits": self.prefix_hits, "reused_tokens": self.reused_tokens,
+                    "aborted": self.aborted, "unreleased_aborts": self.unreleased_aborts,
+                    "prefix_hits": self.prefix_hits, "reused_tokens": self.reused_tokens,
                     "fed_tokens": self.fed_tokens, "kv_imports": self.kv_imports, **self.kv.stats(),
                     "paused": self.paused, "held": self.held, **self.clock.stats(),
                     "policy_version": self.engine.policy_version}

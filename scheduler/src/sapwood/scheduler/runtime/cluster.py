@@ -17,7 +17,7 @@ import ray
 from sapwood.platform.events import CellHeartbeat, CellRegistered, CellRole, CellTier
 from sapwood.platform.storage.run_record import CallCounts, ExecutionRecord
 from sapwood.scheduler.decisions import DecisionRecorder
-from sapwood.scheduler.runtime.cell import Cell
+from sapwood.scheduler.runtime.cell import RELEASE_WAIT_S, Cell
 from sapwood.scheduler.runtime.cell_learner import GroupSpec
 from sapwood.scheduler.runtime.device_clock import DeviceCosts
 from sapwood.scheduler.runtime.router import Router
@@ -75,12 +75,14 @@ class CellSpec:
 
 
 class ElasticRuntime:
-    """Actors of one elastic run; ``model_config``/``state``/``version`` are the weights cells start with."""
+    """Actors of one elastic run; ``model_config``/``state``/``version`` are the weights cells start with;
+    ``release_wait_s`` bounds how long an aborted call waits for its switch to release it (:class:`Cell`)."""
 
     def __init__(self, database_url: str, specs: list[CellSpec], model_config: Any, state: dict[str, Any], *,
                  version: int = 0, seed: int = 0, decode_delay_s: float = 0.0, grace_s: float = 0.5,
                  policy_source: PolicySource | None = None, policy_name: str = "manual",
-                 actor_prefix: str | None = None, device_costs: DeviceCosts | None = None) -> None:
+                 actor_prefix: str | None = None, device_costs: DeviceCosts | None = None,
+                 release_wait_s: float = RELEASE_WAIT_S) -> None:
         if len({s.cell_id for s in specs}) != len(specs):
             raise ValueError(f"cell ids must be unique, got {[s.cell_id for s in specs]}")
         named = (lambda what: {"name": f"{actor_prefix}-{what}", "lifetime": "detached"}) if actor_prefix else (
@@ -99,7 +101,8 @@ class ElasticRuntime:
             actor = CellActor.options(max_concurrency=s.capacity + 8, **named(f"cell-{s.cell_id}"))
             self.cells[s.cell_id] = actor.remote(s.cell_id, model_config, state, version=version, capacity=s.capacity,
                                                  tier=s.tier, role=s.role, seed=seed * 101 + i,
-                                                 decode_delay_s=decode_delay_s, device_costs=device_costs)
+                                                 decode_delay_s=decode_delay_s, device_costs=device_costs,
+                                                 release_wait_s=release_wait_s)
             self.roles[s.cell_id] = s.role
             self.sink.send(CellRegistered(cell_id=s.cell_id, tier=s.tier, capacity=s.capacity,
                                           metadata={"engine": "local-torch", "runtime": "ray"}))
