@@ -40,6 +40,9 @@ def test_short_training_campaign_skips_duplicates_and_leaves_untrained_nothing(p
     assert figures["deaths"] >= 8, figures
     assert figures["random_kills_by_kind"].keys() == {"worker", "learner", "scheduler"}, figures  # each kind died
     assert figures["recovery"]["scheduler"]["deaths"] >= 1, figures  # and the scheduler ticked again after it
+    parts = figures["scheduler_recovery_parts"]  # its recovery split by its successor's log
+    assert parts["first_tick"]["n"] >= 1, parts
+    assert parts["startup"]["median_s"] > 0, parts
     assert figures["samples"] == 80
     assert figures["samples_skipped"] == 0
     assert figures["samples_duplicated"] == 0

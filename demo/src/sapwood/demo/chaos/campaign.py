@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sapwood.demo.chaos.restart_parts import restart_parts, summarize
 from sapwood.learner.audit import audit_training
 from sapwood.learner.length_bias import length_bias
 from sapwood.platform import runs
@@ -90,6 +91,7 @@ class Proc:
     fault: str | None
     started: float
     log: Path
+    started_wall: float = 0.0
     ticks: int = 0
     """Decision ticks the process logged so far (the scheduler)."""
 
@@ -107,6 +109,8 @@ class Campaign:
     generation: Counter[str] = field(default_factory=Counter)
     deaths: list[dict[str, Any]] = field(default_factory=list)
     pending_faults: dict[str, list[str]] = field(default_factory=dict)
+    spawned: list[Proc] = field(default_factory=list)
+    """Every process started, in order (the dead ones too)."""
 
     def command(self, kind: str, slot: int, name: str) -> list[str]:
         if kind == "worker":
@@ -142,8 +146,10 @@ class Campaign:
         path = self.out / f"{name}.log"
         log = open(path, "wb")  # noqa: SIM115 (the child owns it)
         p = Proc(kind, slot, subprocess.Popen(self.command(kind, slot, name), env=env, stdout=log,
-                                              stderr=subprocess.STDOUT), fault, time.monotonic(), path)
+                                              stderr=subprocess.STDOUT), fault, time.monotonic(), path,
+                 time.time())
         self.procs.append(p)
+        self.spawned.append(p)
         return p
 
 
@@ -250,7 +256,8 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
                     continue
                 c.procs.remove(p)
                 if rc == -9:
-                    c.deaths.append({"kind": p.kind, "at": now, "cause": p.fault or "kill -9", "version": version})
+                    c.deaths.append({"kind": p.kind, "at": now, "wall": time.time(), "cause": p.fault or "kill -9",
+                                     "version": version})
                 elif rc != 0:
                     raise RuntimeError(f"{p.kind} {p.slot} exited {rc}; see {p.log}")
                 c.spawn(p.kind, p.slot)
@@ -269,8 +276,8 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
                     victim.popen.kill()
                     victim.popen.wait()
                     c.procs.remove(victim)
-                    c.deaths.append({"kind": victim.kind, "at": time.monotonic(), "cause": "kill -9",
-                                     "version": version})
+                    c.deaths.append({"kind": victim.kind, "at": time.monotonic(), "wall": time.time(),
+                                     "cause": "kill -9", "version": version})
                     killed += 1
                     c.spawn(victim.kind, victim.slot)
             time.sleep(0.2)
@@ -308,6 +315,9 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
                 times.append(after[0] - d["at"])
         recovery[kind] = ({"deaths": len(times), "median_s": round(statistics.median(times), 2),
                            "max_s": round(max(times), 2)} if times else {"deaths": 0})
+    # where the scheduler's recovery goes (its log's timestamps): start-up, then the first tick
+    scheduler_parts = summarize(restart_parts([d["wall"] for d in c.deaths if d["kind"] == "scheduler"],
+                                              [(p.started_wall, p.log) for p in c.spawned if p.kind == "scheduler"]))
     figures = {
         "finished": finished, "seconds": round(elapsed, 1), "run": run_id, "prompts": prompts,
         "samples": len(all_samples), "workers": workers, "learners": learners, "ingests": ingests if kafka else 0,
@@ -324,6 +334,7 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
         "untrained": len(audit.skipped), "trained_twice": len(audit.duplicated), "versions": len(audit.versions),
         "version_gaps": len(audit.gaps), "bad_checkpoints": len(audit.bad_checkpoints),
         "step_mismatches": len(audit.step_mismatches), "audit_ok": audit.ok, "recovery": recovery,
+        "scheduler_recovery_parts": scheduler_parts,
         "length_bias": lengths, "out": str(out),
         "checkpoints": [(v, path) for v, path, _ in history],
     }
