@@ -7,8 +7,6 @@ instead of answering 502; when every try fails, the 502 names the exception type
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi.testclient import TestClient
 
 from sapwood.gateway.app import GatewayConfig, create_app
@@ -17,9 +15,10 @@ from sapwood.rollout.transports import InProcessTransport
 from tests.support.resetting_upstream import ResettingUpstream
 
 
-def test_a_reused_connection_reset_by_the_upstream_is_retried_on_a_fresh_one(tmp_path: Path) -> None:
-    store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
-    transport = InProcessTransport(store, batch_size=1)
+def test_a_reused_connection_reset_by_the_upstream_is_retried_on_a_fresh_one(
+    recording: tuple[Store, InProcessTransport],
+) -> None:
+    store, transport = recording
     with ResettingUpstream() as upstream:
         app = create_app(GatewayConfig(upstreams=[upstream.url], run_id="reset", ack="durable"), transport)
         with TestClient(app) as client:
@@ -33,13 +32,12 @@ def test_a_reused_connection_reset_by_the_upstream_is_retried_on_a_fresh_one(tmp
         assert resets >= 2
     assert f'sapwood_gateway_upstream_retries_total{{reason="connection"}} {float(resets)}' in metrics
     assert store.stats()["calls"] == 3
-    transport.close()
-    store.close()
 
 
-def test_the_502_after_the_last_try_names_the_exception_type(tmp_path: Path) -> None:
-    store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
-    transport = InProcessTransport(store, batch_size=1)
+def test_the_502_after_the_last_try_names_the_exception_type(
+    recording: tuple[Store, InProcessTransport],
+) -> None:
+    store, transport = recording
     with ResettingUpstream(reset_every=True) as upstream:
         app = create_app(GatewayConfig(upstreams=[upstream.url], run_id="reset", max_attempts=2), transport)
         with TestClient(app) as client:
@@ -50,5 +48,3 @@ def test_the_502_after_the_last_try_names_the_exception_type(tmp_path: Path) -> 
     assert message.startswith(f"upstream {upstream.url}/v1/completions unreachable after 2 attempt(s): ")
     assert "ReadError" in message or "RemoteProtocolError" in message, message
     assert store.stats()["calls"] == 0
-    transport.close()
-    store.close()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 from fastapi.testclient import TestClient
@@ -23,10 +21,9 @@ def _session_pinned_to(url: str) -> str:
 @pytest.mark.parametrize("failure", ["status", "connection"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_failing_upstream_is_retried_on_the_next_with_the_same_body(
-    tmp_path: Path, failure: str, stream: bool
+    recording: tuple[Store, InProcessTransport], failure: str, stream: bool
 ) -> None:
-    store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
-    transport = InProcessTransport(store, batch_size=1)
+    store, transport = recording
     bad, good = stub_app(fail_status=503), stub_app()
     mounts: dict[str, httpx.AsyncBaseTransport] = {"http://good": httpx.ASGITransport(app=good)}
     if failure == "status":
@@ -49,13 +46,12 @@ def test_failing_upstream_is_retried_on_the_next_with_the_same_body(
     if failure == "status":
         assert bad.state.requests == good.state.requests, "the retry sends the same body (same ids)"
     assert store.stats()["calls"] == 1
-    transport.close()
-    store.close()
 
 
-def test_attempts_are_bounded_and_the_last_failure_is_passed_on(tmp_path: Path) -> None:
-    store = Store.open(f"sqlite:///{tmp_path / 'gw.db'}")
-    transport = InProcessTransport(store, batch_size=1)
+def test_attempts_are_bounded_and_the_last_failure_is_passed_on(
+    recording: tuple[Store, InProcessTransport],
+) -> None:
+    store, transport = recording
     apps = [stub_app(fail_status=500) for _ in range(3)]
     ups = ["http://u0", "http://u1", "http://u2"]
     http = httpx.AsyncClient(mounts={u: httpx.ASGITransport(app=a) for u, a in zip(ups, apps, strict=True)})
@@ -65,5 +61,3 @@ def test_attempts_are_bounded_and_the_last_failure_is_passed_on(tmp_path: Path) 
     assert r.status_code == 500
     assert sum(len(a.state.requests) for a in apps) == 2
     assert store.stats()["calls"] == 0
-    transport.close()
-    store.close()
