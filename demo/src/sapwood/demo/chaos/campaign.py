@@ -13,8 +13,9 @@ processes apply the events; a worker keeps each sample's lease until ingest stor
 With ``scheduler``, one ``sapwood scheduler run`` process (the live loop, elastic policy, logging actuator)
 decides the roles of :data:`SCHEDULER_CELLS` registered cells every :data:`SCHEDULER_TICK_S` seconds from
 the run's live signals and records each decision (through Kafka with ``kafka``). While they run, the
-supervisor SIGKILLs a random process (past its start-up, not armed with a fault point; one of a kind not
-yet killed first, and the last kills kept for the kinds not killed yet) at random points of its progress
+supervisor SIGKILLs a random process (:func:`pick_victim`: past its start-up, preferably not armed with a
+fault point; one of a kind not yet killed first, and the last kills kept for the kinds not killed yet) at
+random points of its progress
 (``kills``) and restarts every process that dies; each fault point of the learner, the worker and (with
 Kafka) ingest (``SAPWOOD_FAULT``) is armed on two (re)starts, so those processes kill themselves there.
 
@@ -68,7 +69,7 @@ from sapwood.platform.storage.backends import prompt_queue
 from sapwood.platform.storage.learner_reads import policy_history, run_item_states
 from sapwood.platform.store import Store
 
-__all__ = ["run_campaign"]
+__all__ = ["pick_victim", "run_campaign"]
 
 LEARNER_POINTS = ("learner.after_step", "learner.after_checkpoint", "learner.in_commit")
 WORKER_POINTS = ("rollout.after_claim", "rollout.mid_recording")
@@ -151,6 +152,28 @@ class Campaign:
         self.procs.append(p)
         self.spawned.append(p)
         return p
+
+
+def pick_victim(procs: list[Proc], hit: set[str], kills_left: int, now: float, rng: random.Random) -> Proc | None:
+    """The process the next random kill hits, or None to wait for one (``now``: monotonic seconds).
+
+    Only processes past their start-up (:data:`STARTUP_S`; the scheduler also past its first decision tick)
+    are candidates, and of those the ones not armed with a fault point (they kill themselves there) come
+    first. A kind not yet killed (``hit``: the kinds already killed by kill -9) goes first, so every kind dies
+    at least once: if all its ready processes are armed, one of them is killed (the caller arms its successor
+    with the fault point). Once only as many kills are left as kinds not killed yet, they are kept for those
+    kinds. A campaign's learners stay armed for most of a short run (six fault points), so without the armed
+    fallback their kill waited for the end of the run, and a run could finish a kill short.
+    """
+    ready = [p for p in procs if now - p.started > STARTUP_S[p.kind] and (p.kind != "scheduler" or p.ticks > 0)]
+    unarmed = [p for p in ready if p.fault is None]
+    untouched = [p for p in unarmed if p.kind not in hit] or [p for p in ready if p.kind not in hit]
+    if untouched:
+        return rng.choice(untouched)
+    waiting = {p.kind for p in procs} - hit
+    if kills_left > len(waiting) and unarmed:
+        return rng.choice(unarmed)
+    return None
 
 
 def _progress(store: Store, run_id: str) -> tuple[int, int, int, int]:
@@ -261,24 +284,19 @@ def _run_once(url: str, out: Path, *, prompts: int, samples: int, workers: int, 
                 elif rc != 0:
                     raise RuntimeError(f"{p.kind} {p.slot} exited {rc}; see {p.log}")
                 c.spawn(p.kind, p.slot)
-            # victims: processes past their start-up (a learner imports torch first; the scheduler past its
-            # first decision tick) and not armed with a fault point (those kill themselves there)
-            eligible = [p for p in c.procs if p.fault is None and now - p.started > STARTUP_S[p.kind]
-                        and (p.kind != "scheduler" or p.ticks > 0)]
             trained = max(done - untrained, 0)
-            if killed < kills and (done + trained) / max(2 * total, 1) >= kill_at[killed] and eligible:
-                # a kind not yet killed goes first (every kind dies at least once), then any process
+            if killed < kills and (done + trained) / max(2 * total, 1) >= kill_at[killed]:
                 hit = {d["kind"] for d in c.deaths if d["cause"] == "kill -9"}
-                untouched = [p for p in eligible if p.kind not in hit]
-                waiting = {p.kind for p in c.procs} - hit  # kinds not killed yet; the last kills are theirs
-                if untouched or kills - killed > len(waiting):
-                    victim = rng.choice(untouched or eligible)
+                victim = pick_victim(c.procs, hit, kills - killed, now, rng)
+                if victim is not None:
                     victim.popen.kill()
                     victim.popen.wait()
                     c.procs.remove(victim)
                     c.deaths.append({"kind": victim.kind, "at": time.monotonic(), "wall": time.time(),
                                      "cause": "kill -9", "version": version})
                     killed += 1
+                    if victim.fault is not None:  # its fault point was not reached: its successor is armed with it
+                        c.pending_faults[victim.kind].insert(0, victim.fault)
                     c.spawn(victim.kind, victim.slot)
             time.sleep(0.2)
     finally:  # every process of the campaign ends with it, also when it fails
