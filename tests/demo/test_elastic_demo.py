@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import pytest
 from typer.testing import CliRunner
 
 from sapwood.demo.elastic.plots import role_segments
@@ -24,3 +28,30 @@ def test_scheduler_run_rejects_an_unknown_actuator() -> None:
     result = CliRunner().invoke(app, ["scheduler", "run", "--actuator", "k8s", "--ticks", "1"])
     assert result.exit_code == 2
     assert "--actuator must be 'logging' or 'ray'" in result.output
+
+
+def test_elastic_demo_rejects_a_staleness_bound_outside_0_and_1() -> None:
+    for bound in ("2", "-1"):
+        result = CliRunner().invoke(app, ["demo", "--elastic", "--staleness-bound", bound, "--quiet"],
+                                     env={"COLUMNS": "200"})  # the whole message on one line
+        assert result.exit_code == 2
+        assert f"--staleness-bound must be 0 or 1 (the long-tail workload's bounds), got {bound}" in result.output
+
+
+def test_the_staleness_bound_reaches_the_demo_s_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The option is plumbed to ``ElasticDemoConfig`` (the run itself is the e2e test's; here it is replaced)."""
+    from sapwood.demo.elastic import driver
+
+    seen: list[driver.ElasticDemoConfig] = []
+
+    def record(cfg: driver.ElasticDemoConfig, **_: Any) -> dict[str, Any]:
+        seen.append(cfg)
+        return {"config": {"staleness_bound": cfg.staleness_bound}}
+
+    monkeypatch.setattr(driver, "run_elastic_demo", record)
+    for bound in (0, 1):
+        result = CliRunner().invoke(app, ["demo", "--elastic", "--staleness-bound", str(bound), "--quiet"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output.strip().splitlines()[-1]) == {"config": {"staleness_bound": bound}}
+    assert [c.staleness_bound for c in seen] == [0, 1]
+    assert seen[0].workload().staleness_bound == 0

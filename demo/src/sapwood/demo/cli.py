@@ -179,6 +179,8 @@ def demo(
     cells: Annotated[int, typer.Option(help="--elastic: cells (Ray actors)")] = 3,
     elastic_executions: Annotated[int, typer.Option(help="--elastic: executions per schedule")] = 48,
     ray_address: Annotated[str | None, typer.Option(help="--elastic: join this Ray cluster")] = None,
+    staleness_bound: Annotated[int, typer.Option(help="--elastic: policy versions a trained execution may lag, "
+                                                 "0 or 1 (admission: batch size × (1 + bound) ahead)")] = 1,
 ) -> None:
     """Train a tiny agent with asynchronous single-rollout RL and record every call in Sapwood.
 
@@ -192,7 +194,7 @@ def demo(
         from sapwood.demo.elastic.cli import elastic_demo
 
         elastic_demo(seed=seed, cells=cells, executions=elastic_executions, out_dir=out_dir, quiet=quiet,
-                     ray_address=ray_address, console=console)
+                     ray_address=ray_address, console=console, staleness_bound=staleness_bound)
         return
     require_extras("sapwood demo", DEMO_PACKAGES)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

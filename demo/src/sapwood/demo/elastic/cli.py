@@ -17,7 +17,7 @@ ROWS = (("wall_s", "wall time (s)"), ("steps", "training steps"), ("switches", "
 
 
 def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None, quiet: bool,
-                 ray_address: str | None, console: Console) -> None:
+                 ray_address: str | None, console: Console, staleness_bound: int = 1) -> None:
     """Run every schedule on the same seeds and print the comparison (the JSON line last)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -26,7 +26,11 @@ def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None
     if cells < 2 or executions < 1:
         raise typer.BadParameter(f"--elastic needs --cells ≥ 2 and --elastic-executions ≥ 1, got {cells}, "
                                  f"{executions}")
-    cfg = ElasticDemoConfig(seed=seed, cells=cells, executions=executions, out_dir=out_dir)
+    if staleness_bound not in (0, 1):
+        raise typer.BadParameter(f"--staleness-bound must be 0 or 1 (the long-tail workload's bounds), got "
+                                 f"{staleness_bound}")
+    cfg = ElasticDemoConfig(seed=seed, cells=cells, executions=executions, out_dir=out_dir,
+                            staleness_bound=staleness_bound)
     progress = None if quiet else Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                            TimeElapsedColumn(), console=console)
     bars: dict[str, Any] = {}
