@@ -65,6 +65,7 @@ _ROWS = [
 #: Third-party packages ``sapwood demo`` needs beyond the base install, with the extra that brings each.
 DEMO_PACKAGES = {"torch": "demo", "matplotlib": "demo"}
 ELASTIC_PACKAGES = {**DEMO_PACKAGES, "ray": "ray"}
+COMPARE_PACKAGES = {**ELASTIC_PACKAGES, "simpy": "scheduler"}
 
 
 def require_extras(command: str, packages: dict[str, str]) -> None:
@@ -181,6 +182,10 @@ def demo(
     ray_address: Annotated[str | None, typer.Option(help="--elastic: join this Ray cluster")] = None,
     staleness_bound: Annotated[int, typer.Option(help="--elastic: policy versions a trained execution may lag, "
                                                  "0 or 1 (admission: batch size × (1 + bound) ahead)")] = 1,
+    compare: Annotated[bool, typer.Option(help="--elastic: elastic against every static split (the best one "
+                                          "reported) and colocate on several seeds, with the simulator's "
+                                          "prediction beside the live ratios")] = False,
+    compare_seeds: Annotated[int, typer.Option(help="--elastic --compare: seeds SEED … SEED+N-1")] = 3,
 ) -> None:
     """Train a tiny agent with asynchronous single-rollout RL and record every call in Sapwood.
 
@@ -190,12 +195,18 @@ def demo(
     from dataclasses import replace
 
     if elastic:
-        require_extras("sapwood demo --elastic", ELASTIC_PACKAGES)
+        if compare:
+            require_extras("sapwood demo --elastic --compare", COMPARE_PACKAGES)
+        else:
+            require_extras("sapwood demo --elastic", ELASTIC_PACKAGES)
         from sapwood.demo.elastic.cli import elastic_demo
 
         elastic_demo(seed=seed, cells=cells, executions=elastic_executions, out_dir=out_dir, quiet=quiet,
-                     ray_address=ray_address, console=console, staleness_bound=staleness_bound)
+                     ray_address=ray_address, console=console, staleness_bound=staleness_bound,
+                     compare_seeds=compare_seeds if compare else None)
         return
+    if compare:
+        raise typer.BadParameter("--compare compares the elastic runtime's schedules: use it with --elastic")
     require_extras("sapwood demo", DEMO_PACKAGES)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

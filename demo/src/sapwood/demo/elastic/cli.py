@@ -17,8 +17,10 @@ ROWS = (("wall_s", "wall time (s)"), ("steps", "training steps"), ("switches", "
 
 
 def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None, quiet: bool,
-                 ray_address: str | None, console: Console, staleness_bound: int = 1) -> None:
-    """Run every schedule on the same seeds and print the comparison (the JSON line last)."""
+                 ray_address: str | None, console: Console, staleness_bound: int = 1,
+                 compare_seeds: int | None = None) -> None:
+    """Run every schedule on the same seeds and print the comparison (the JSON line last); with
+    ``compare_seeds``, the live comparison on seeds ``seed`` … ``seed + compare_seeds − 1``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sapwood.demo.elastic.driver import ElasticDemoConfig, run_elastic_demo
@@ -29,6 +31,8 @@ def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None
     if staleness_bound not in (0, 1):
         raise typer.BadParameter(f"--staleness-bound must be 0 or 1 (the long-tail workload's bounds), got "
                                  f"{staleness_bound}")
+    if compare_seeds is not None and compare_seeds < 1:
+        raise typer.BadParameter(f"--compare-seeds must be ≥ 1 (the goals need 3), got {compare_seeds}")
     cfg = ElasticDemoConfig(seed=seed, cells=cells, executions=executions, out_dir=out_dir,
                             staleness_bound=staleness_bound)
     progress = None if quiet else Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -45,10 +49,21 @@ def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None
     if progress is not None:
         progress.start()
     try:
-        summary = run_elastic_demo(cfg, on_tick=on_tick, ray_address=ray_address)
+        if compare_seeds is not None:
+            from sapwood.demo.elastic.compare import run_compare
+
+            summary = run_compare(cfg, list(range(seed, seed + compare_seeds)), on_tick=on_tick,
+                                  ray_address=ray_address)
+        else:
+            summary = run_elastic_demo(cfg, on_tick=on_tick, ray_address=ray_address)
     finally:
         if progress is not None:
             progress.stop()
+    if compare_seeds is not None:
+        if not quiet:
+            _print_compare(summary, console)
+        print(json.dumps(summary), flush=True)
+        return
     if not quiet:
         table = Table(title=f"sapwood demo --elastic (seed {seed}, {cells} cells, eval reward at the start "
                             f"{summary['eval_reward_start']:.3f})")
@@ -73,3 +88,33 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}"
     return "-" if v is None else str(v)
+
+
+def _print_compare(summary: dict[str, Any], console: Console) -> None:
+    """One row per seed and schedule (wall, occupancies, switches), then live ratios beside the simulator's."""
+    from sapwood.demo.elastic.compare import GOALS
+
+    table = Table(title="sapwood demo --elastic --compare: wall seconds, slot / train-cell occupancy, switches")
+    for col in ("seed", "schedule", "wall (s)", "slot occ.", "train-cell occ.", "switches", "switch cell-s",
+                "eval reward end", "simulated wall (s)"):
+        table.add_column(col, justify="right")
+    for row in summary["seeds"]:
+        for name, wall in row["wall_s"].items():
+            occ = row["occupancy"][name]
+            mark = " (best static)" if name == row["best_static"] else ""
+            table.add_row(str(row["seed"]), name + mark, _fmt(wall), _fmt(occ["slot_occupancy"]),
+                          _fmt(occ["train_cell_occupancy"]), _fmt(occ["switches"]), _fmt(occ["switch_overhead_cell_s"]),
+                          _fmt(row["eval_reward_end"][name]), _fmt(row["simulator"]["wall_s"][name]))
+    console.print(table)
+    ratios = Table(title="elastic's speed-up (geometric mean over the seeds): live vs the calibrated simulator")
+    for col in ("ratio", "live", "simulator", "simulator error", "goal", "met"):
+        ratios.add_column(col, justify="right")
+    for key, label in (("elastic_over_best_static", "best static / elastic"),
+                       ("elastic_over_colocate", "colocate / elastic")):
+        goal = GOALS[key]
+        ratios.add_row(label, f"{summary[key]:.3f}", f"{summary['simulator_' + key]:.3f}",
+                       f"{summary['simulator_error'][key]:+.1%}", f"≥ {goal}", str(summary["goals"][key]))
+    console.print(ratios)
+    console.print("goals: " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in summary["goals"].items()))
+    for p in summary.get("plots", []):
+        console.print(f"plot: {p}")

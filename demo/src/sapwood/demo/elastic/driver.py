@@ -50,13 +50,39 @@ from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
 from sapwood.scheduler.runtime.device_clock import DeviceCosts
 from sapwood.scheduler.signals import CellState, Signals, queue_demand
 
-__all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule"]
+__all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule", "schedule_policy",
+           "static_splits"]
 
 POLICY_ARGS: dict[str, dict[str, Any]] = {
     "elastic": {"min_dwell_s": 1.0, "switch_cost_prior_s": 0.2, "hysteresis_slots": 0, "staleness_bound": 1},
     "colocate": {},
     "async": {"rollout_fraction": 0.67},
 }
+STATIC_PREFIX = "static-"
+"""``static-R``: the static split with ``R`` rollout cells and the rest training (the ``async`` policy)."""
+
+
+def static_splits(cells: int) -> tuple[str, ...]:
+    """Every static split of ``cells`` cells: ``static-1`` … ``static-{cells − 1}`` (rollout cells)."""
+    if cells < 2:
+        raise ValueError(f"a static split needs ≥ 2 cells (one per role), got {cells}")
+    return tuple(f"{STATIC_PREFIX}{r}" for r in range(1, cells))
+
+
+def schedule_policy(schedule: str, cells: int, staleness_bound: int) -> tuple[str, dict[str, Any]]:
+    """The policy name and arguments of a schedule name: ``elastic``, ``colocate``, ``async`` (two thirds
+    of the cells in rollout) or ``static-R`` (``R`` rollout cells, 1 ≤ R < ``cells``)."""
+    if schedule.startswith(STATIC_PREFIX):
+        tail = schedule[len(STATIC_PREFIX):]
+        if not tail.isdigit() or not 1 <= int(tail) < cells:
+            raise ValueError(f"schedule {schedule!r}: expected static-R with 1 ≤ R < {cells} rollout cells")
+        return "async", {"rollout_cells": int(tail), "max_staleness": staleness_bound}
+    if schedule not in POLICY_ARGS:
+        raise ValueError(f"unknown schedule {schedule!r}: expected elastic, colocate, async or static-R")
+    args = dict(POLICY_ARGS[schedule])
+    if "staleness_bound" in args:
+        args["staleness_bound"] = staleness_bound
+    return schedule, args
 
 
 @dataclass(frozen=True)
@@ -124,6 +150,11 @@ class ScheduleResult:
     rewards: list[float]
     final_state: dict[str, torch.Tensor]
     final_version: int
+    occupancy: dict[str, float] = field(default_factory=dict)
+    """Cell-seconds from the tick samples: ``rollout_cell_s``, ``rollout_slot_s`` (occupied slot-seconds),
+    ``train_cell_s`` and ``train_device_s`` (trained micro-batches × their device seconds)."""
+    step_walls: list[tuple[float, int]] = field(default_factory=list)
+    """``(seconds, train cells at its start)`` of every training step (the learner step and the broadcast)."""
 
     def summary(self) -> dict[str, Any]:
         phases: dict[str, list[float]] = {}
@@ -131,16 +162,29 @@ class ScheduleResult:
             for name, secs in sw["phases"].items():
                 phases.setdefault(name, []).append(secs)
         third = max(len(self.rewards) // 3, 1)
+        occ = self.occupancy
         return {
             "schedule": self.schedule, "wall_s": round(self.wall_s, 2), "steps": self.steps,
             "executions": len(self.outcomes), "switches": len(self.switches),
             "switch_phase_mean_s": {k: round(float(np.mean(v)), 4) for k, v in phases.items()},
             "calls_rerouted": int(self.router.get("rerouted", 0)),
             "attempts_aborted": int(self.router.get("aborted", 0)),
+            "slot_occupancy": _ratio(occ.get("rollout_slot_s", 0.0), occ.get("rollout_slot_capacity_s", 0.0)),
+            "train_cell_occupancy": _ratio(occ.get("train_device_s", 0.0), occ.get("train_cell_s", 0.0)),
+            "switch_overhead_cell_s": round(sum(sw["wall_s"] for sw in self.switches), 3),
+            "execution_p50_s": _quantile([o.finished_at - o.started_at for o in self.outcomes], 0.5),
             **self.store_check,
             "train_reward_first_third": round(float(np.mean(self.rewards[:third])), 4) if self.rewards else None,
             "train_reward_last_third": round(float(np.mean(self.rewards[-third:])), 4) if self.rewards else None,
         }
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return round(num / den, 4) if den > 0 else None
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return round(float(np.quantile(values, q)), 4) if values else None
 
 
 def _scales(cfg: ElasticDemoConfig) -> list[float]:
@@ -163,10 +207,8 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         runs.create_run(conn, train_run, runs.ExecutionFilter(run_id=rollout_run), kind="live", seed=cfg.seed,
                         description=f"sapwood demo --elastic ({schedule})")
     store.apply([PolicyPublished(run_id=train_run, version=0, checkpoint=str(ckpt / "policy-v000000.pt"))])
-    args = dict(POLICY_ARGS.get(schedule, {}))
-    if "staleness_bound" in args:
-        args["staleness_bound"] = cfg.staleness_bound
-    policy = load_policy(schedule, **args)
+    name, args = schedule_policy(schedule, cfg.cells, cfg.staleness_bound)
+    policy = load_policy(name, **args)
     ids = [f"cell-{i}" for i in range(cfg.cells)]
     first = policy.initial_assignment(ids)
     specs = [CellSpec(cid, capacity=cfg.capacity, role=first[cid], tier="core" if i == 0 else "satellite")
@@ -194,10 +236,14 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     rewards: list[float] = []
     role_since = dict.fromkeys(ids, 0.0)
     training: dict[str, Any] = {"thread": None, "started": 0.0, "trained": 0, "steps": 0, "error": None}
+    occupancy = dict.fromkeys(("rollout_cell_s", "rollout_slot_s", "rollout_slot_capacity_s", "train_cell_s"), 0.0)
+    step_walls: list[tuple[float, int]] = []
+    last_sample: tuple[float, dict[str, str], dict[str, int]] | None = None
     t0 = time.perf_counter()
 
-    def train_step() -> None:
+    def train_step(train_cells: int) -> None:
         try:
+            t_step = time.perf_counter()
             metrics = ray.get(core.learner_step.remote(5.0))
             if metrics is not None:
                 training["trained"] += int(metrics.get("learner/executions", 0))
@@ -207,6 +253,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
                 serving = [c for c, r in rt.roles.items() if r == "rollout" and c != core_id]
                 ray.get([core.broadcast_weights.remote([ranks[c] for c in serving]),
                          *[rt.cells[c].receive_weights.remote() for c in serving]])
+                step_walls.append((time.perf_counter() - t_step, train_cells))
         except BaseException as exc:
             training["error"] = exc
 
@@ -229,7 +276,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             train_cells = [c for c, r in rt.roles.items() if r == "train"]
             if not active and train_cells and backlog >= min(cfg.batch_size, cfg.executions - training["trained"]):
                 training["started"] = now
-                thread = threading.Thread(target=train_step, daemon=True)
+                thread = threading.Thread(target=train_step, args=(len(train_cells),), daemon=True)
                 training["thread"] = thread
                 thread.start()
                 active = True
@@ -238,6 +285,9 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             durations = [o.finished_at - o.started_at for o in outcomes if o.finished_at > 0]
             costs = [sum(s["phases"].values()) for s in (_switch_json(r) for r in rt.coordinator.reports)]
             queue = ray.get(rt.router.queue.remote())
+            if last_sample is not None:  # the interval since the last tick, at the last tick's state
+                _accumulate(occupancy, now - last_sample[0], last_sample[1], last_sample[2], cfg.capacity)
+            last_sample = (now, dict(rt.roles), {c: int(n) for c, n in queue["occupied"].items()})
             cells = tuple(CellState(cell_id=c, tier=rt.specs[c].tier, capacity=cfg.capacity, role=rt.roles[c],
                                     role_since_s=role_since[c], occupied=int(queue["occupied"].get(c, 0)))
                           for c in ids)
@@ -271,9 +321,13 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         check["satellite_micro_batches"] = sum(n for per in group["accepted"].values() for r, n in per.items() if r)
         check["core_micro_batches"] = sum(per.get(0, 0) for per in group["accepted"].values())
         check["stale_refused"] = len(group["refused"])
+        if last_sample is not None:
+            _accumulate(occupancy, wall - last_sample[0], last_sample[1], last_sample[2], cfg.capacity)
+        trained_micro_batches = sum(n for per in group["accepted"].values() for n in per.values())
+        occupancy["train_device_s"] = trained_micro_batches * cfg.train_microbatch_s
         return ScheduleResult(schedule, wall, training["steps"], outcomes, timeline,
                               [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
-                              final, final_version)
+                              final, final_version, occupancy, step_walls)
     finally:
         pool.close()
         ray.get(core.close_learner.remote())
@@ -281,9 +335,23 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         store.close()
 
 
+def _accumulate(acc: dict[str, float], dt: float, roles: dict[str, str], occupied: dict[str, int],
+                capacity: int) -> None:
+    """Add ``dt`` seconds at one tick's state: rollout and train cell-seconds, occupied and offered slot-seconds."""
+    if dt <= 0:
+        return
+    for cid, role in roles.items():
+        if role == "rollout":
+            acc["rollout_cell_s"] += dt
+            acc["rollout_slot_capacity_s"] += dt * capacity
+            acc["rollout_slot_s"] += dt * min(occupied.get(cid, 0), capacity)
+        elif role == "train":
+            acc["train_cell_s"] += dt
+
+
 def _switch_json(rep: Any) -> dict[str, Any]:
     return {"cell_id": rep.cell_id, "from": rep.from_role, "to": rep.to_role, "phases": dict(rep.phases),
-            "aborted_calls": rep.aborted_calls, "at": rep.started_at}
+            "aborted_calls": rep.aborted_calls, "at": rep.started_at, "wall_s": rep.wall_s}
 
 
 def store_check(rt: ElasticRuntime, outcomes: list[ExecutionOutcome]) -> dict[str, int]:
@@ -320,8 +388,10 @@ def _eval(cfg: ElasticDemoConfig, state: dict[str, torch.Tensor], version: int, 
 
 
 def run_elastic_demo(cfg: ElasticDemoConfig, *, on_tick: Callable[[str, int, int], None] | None = None,
-                     ray_address: str | None = None) -> dict[str, Any]:
-    """Every schedule on the same seeds; returns the JSON summary (and writes plots into ``out_dir``)."""
+                     ray_address: str | None = None,
+                     keep: dict[str, ScheduleResult] | None = None) -> dict[str, Any]:
+    """Every schedule on the same seeds; returns the JSON summary (and writes plots into ``out_dir``);
+    ``keep`` receives each schedule's :class:`ScheduleResult`."""
     from sapwood.demo.elastic.plots import plot_elastic
 
     t_start = time.perf_counter()
@@ -343,6 +413,8 @@ def run_elastic_demo(cfg: ElasticDemoConfig, *, on_tick: Callable[[str, int, int
         t = time.perf_counter()
         results[name] = run_schedule(cfg, name, state0, out_dir, on_tick)
         timings[f"{name}_total_s"] = time.perf_counter() - t
+    if keep is not None:
+        keep.update(results)
     summary: dict[str, Any] = {"config": {k: v for k, v in vars(replace(cfg, out_dir=None)).items()
                                           if k not in ("pretrain",)},
                                "eval_reward_start": start_reward, "schedules": {}}

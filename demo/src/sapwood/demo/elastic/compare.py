@@ -1,0 +1,170 @@
+"""``sapwood demo --elastic --compare``: elastic against the best static split and colocate, live and simulated.
+
+Per seed, one live run plays every schedule on the same tasks, length scales and pre-trained policy:
+``elastic``, every static split ``static-1`` … ``static-{cells − 1}`` (the best, i.e. fastest, of them is the
+baseline: a tuned static split, not a convenient one) and ``colocate``. The ratios are wall-time ratios
+(other / elastic; above 1: elastic is faster), taken per seed and summarised by their geometric mean.
+
+The simulator's prediction beside them: the same workload (cells, slots, batch, steps, admission bound,
+first-finished batches, no timeout) through :mod:`sapwood.scheduler.simulator`, its costs calibrated from
+that seed's live run (:func:`calibrated_workload`): rollout durations from the executions' measured
+durations (a lognormal with their median and p99/p50; the live tail is a clipped Pareto, a modelling
+choice said here), a training step's cell-seconds from the static arms' measured step walls × their train
+cells, switch and join costs from the elastic arm's measured switch walls.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sapwood.demo.elastic.driver import (
+    ElasticDemoConfig,
+    ScheduleResult,
+    run_elastic_demo,
+    schedule_policy,
+    static_splits,
+)
+
+__all__ = ["GOALS", "calibrated_workload", "compare_schedules", "predict", "run_compare", "summarise_seed"]
+
+GOALS = {"elastic_over_best_static": 1.2, "elastic_over_colocate": 1.3, "simulator_error": 0.15}
+"""Issue 26's goals: elastic ≥ 1.2× the best static split and ≥ 1.3× colocate (geometric means over the
+seeds), the simulator's ratios within ±15 % of the live ones, reward rising in every arm."""
+
+SIM_SEEDS = 5
+"""Simulator runs per calibrated workload (their median wall time is the prediction)."""
+
+
+def compare_schedules(cells: int) -> tuple[str, ...]:
+    """``elastic``, every static split, ``colocate``: what one seed of the comparison plays."""
+    return ("elastic", *static_splits(cells), "colocate")
+
+
+def summarise_seed(seed: int, schedules: dict[str, dict[str, Any]], eval_start: float | None) -> dict[str, Any]:
+    """One seed's comparison from its schedules' summaries (``wall_s``, ``eval_reward_end``, …): the best static
+    split, the ratios (other / elastic wall) and whether each arm's evaluation reward rose."""
+    statics = {n: s for n, s in schedules.items() if n.startswith("static-")}
+    if "elastic" not in schedules or "colocate" not in schedules or not statics:
+        raise ValueError(f"seed {seed}: a comparison needs elastic, colocate and a static split, "
+                         f"got {sorted(schedules)}")
+    best = min(statics, key=lambda n: (statics[n]["wall_s"], n))
+    elastic = schedules["elastic"]["wall_s"]
+    rising = {n: (eval_start is not None and s.get("eval_reward_end") is not None
+                  and s["eval_reward_end"] > eval_start) for n, s in schedules.items()}
+    return {"seed": seed, "best_static": best, "wall_s": {n: s["wall_s"] for n, s in schedules.items()},
+            "elastic_over_best_static": round(statics[best]["wall_s"] / elastic, 4),
+            "elastic_over_colocate": round(schedules["colocate"]["wall_s"] / elastic, 4),
+            "eval_reward_start": eval_start,
+            "eval_reward_end": {n: s.get("eval_reward_end") for n, s in schedules.items()},
+            "reward_rising": rising}
+
+
+def calibrated_workload(cfg: ElasticDemoConfig, results: dict[str, ScheduleResult]) -> Any:
+    """The simulator's :class:`~sapwood.scheduler.simulator.Workload` for ``cfg`` with the costs measured in
+    ``results`` (one seed's live schedules): see the module docstring. Raises ``ValueError`` when a cost
+    cannot be measured (no finished execution, no static training step)."""
+    from sapwood.scheduler.simulator import Workload
+
+    durations = [o.finished_at - o.started_at for r in results.values() for o in r.outcomes if o.finished_at > 0]
+    if not durations:
+        raise ValueError("no finished execution to calibrate rollout durations from")
+    p50 = float(np.median(durations))
+    tail = max(float(np.quantile(durations, 0.99)) / p50, 1.0)
+    steps = [wall * n for name, r in results.items() if name.startswith("static-") for wall, n in r.step_walls]
+    if not steps:
+        raise ValueError("no training step of a static split to calibrate a step's cell-seconds from")
+    switches = results["elastic"].switches if "elastic" in results else []
+    into = {role: [sw["wall_s"] for sw in switches if sw["to"] == role] for role in ("rollout", "train")}
+    return Workload(
+        cells=cfg.cells, slots_per_cell=cfg.capacity, batch_size=cfg.batch_size,
+        steps=max(cfg.executions // cfg.batch_size, 1), rollout_p50_s=p50, tail_ratio=tail,
+        train_cell_s_per_step=float(np.median(steps)),
+        switch_cost_s=float(np.mean(into["rollout"])) if into["rollout"] else 0.0,
+        join_cost_s=float(np.mean(into["train"])) if into["train"] else None,
+        tick_s=cfg.tick_s, max_staleness=cfg.staleness_bound, core_cells=0, batch_rule="first_finished",
+        stale_rollouts="discount", stale_weight=1.0, timeout_factor=math.inf)
+
+
+def predict(workload: Any, cells: int, staleness_bound: int, seeds: int = SIM_SEEDS) -> dict[str, Any]:
+    """Simulated wall seconds (median over ``seeds`` runs) of every schedule of the comparison and the
+    ratios, the best static split chosen in the simulator as it is live."""
+    from sapwood.scheduler.simulator import simulate
+
+    walls: dict[str, float] = {}
+    for name in compare_schedules(cells):
+        policy, args = schedule_policy(name, cells, staleness_bound)  # the live arms' policy arguments
+        walls[name] = float(np.median([simulate(workload, policy, seed=s, **args).wall_s for s in range(seeds)]))
+    statics = {n: w for n, w in walls.items() if n.startswith("static-")}
+    best = min(statics, key=lambda n: (statics[n], n))
+    return {"wall_s": {n: round(w, 3) for n, w in walls.items()}, "best_static": best,
+            "elastic_over_best_static": round(statics[best] / walls["elastic"], 4),
+            "elastic_over_colocate": round(walls["colocate"] / walls["elastic"], 4)}
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return round(float(np.exp(np.mean(np.log(values)))), 4)
+
+
+def run_compare(cfg: ElasticDemoConfig, seeds: Sequence[int], *,
+                on_tick: Callable[[str, int, int], None] | None = None,
+                ray_address: str | None = None) -> dict[str, Any]:
+    """Every seed live (all schedules) and through the simulator; returns the comparison's JSON summary
+    (per seed, the geometric means, the goals and whether each is met) and writes ``compare.png``."""
+    if not seeds:
+        raise ValueError("--compare needs at least one seed")
+    t0 = time.perf_counter()
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    per_seed = []
+    for seed in seeds:
+        seed_dir = out_dir / f"seed-{seed}" if out_dir else None
+        scfg = replace(cfg, seed=seed, schedules=compare_schedules(cfg.cells), out_dir=seed_dir)
+        results: dict[str, ScheduleResult] = {}
+        live = run_elastic_demo(scfg, on_tick=on_tick, ray_address=ray_address, keep=results)
+        row = summarise_seed(seed, live["schedules"], live["eval_reward_start"])
+        row["occupancy"] = {n: {k: s.get(k) for k in ("slot_occupancy", "train_cell_occupancy", "switches",
+                                                      "switch_overhead_cell_s")}
+                            for n, s in live["schedules"].items()}
+        workload = calibrated_workload(scfg, results)
+        row["calibration"] = {k: v for k, v in workload.to_json().items()
+                              if k in ("rollout_p50_s", "tail_ratio", "train_cell_s_per_step", "switch_cost_s",
+                                       "join_cost_s")}
+        row["simulator"] = predict(workload, cfg.cells, cfg.staleness_bound)
+        row["out_dir"] = live["out_dir"]
+        per_seed.append(row)
+    summary = summarise(per_seed)
+    summary["config"] = {k: v for k, v in vars(replace(cfg, out_dir=None)).items() if k != "pretrain"}
+    summary["total_s"] = round(time.perf_counter() - t0, 1)
+    if out_dir is not None:
+        from sapwood.demo.elastic.plots import plot_compare
+
+        summary["plots"] = [str(plot_compare(summary, out_dir))]
+    return summary
+
+
+def summarise(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Geometric means over the seeds, live and simulated, the simulator's relative error and the goals."""
+    out: dict[str, Any] = {"seeds": per_seed}
+    errors = {}
+    for key in ("elastic_over_best_static", "elastic_over_colocate"):
+        live = _geomean([r[key] for r in per_seed])
+        sim = _geomean([r["simulator"][key] for r in per_seed])
+        out[key] = live
+        out[f"simulator_{key}"] = sim
+        errors[key] = round(sim / live - 1.0, 4)
+    out["simulator_error"] = errors
+    rising = all(all(r["reward_rising"].values()) for r in per_seed)
+    out["goals"] = {
+        "elastic_over_best_static": out["elastic_over_best_static"] >= GOALS["elastic_over_best_static"],
+        "elastic_over_colocate": out["elastic_over_colocate"] >= GOALS["elastic_over_colocate"],
+        "reward_rising_every_arm": rising,
+        "simulator_within_15pct": all(abs(e) <= GOALS["simulator_error"] for e in errors.values()),
+        "at_least_3_seeds": len(per_seed) >= 3,
+    }
+    return out

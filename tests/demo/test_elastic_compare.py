@@ -1,0 +1,174 @@
+"""``sapwood demo --elastic --compare`` without Ray: schedule names, the per-seed summary, the goals, the
+simulator's calibration from measured costs, the occupancy accounting and the option checks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from sapwood.demo.elastic.compare import (
+    calibrated_workload,
+    compare_schedules,
+    predict,
+    summarise,
+    summarise_seed,
+)
+from sapwood.demo.elastic.driver import (
+    ElasticDemoConfig,
+    ScheduleResult,
+    _accumulate,
+    schedule_policy,
+    static_splits,
+)
+from sapwood.demo.elastic.executions import ExecutionOutcome
+from sapwood.platform.cli import app
+
+
+def test_every_static_split_is_compared() -> None:
+    assert static_splits(2) == ("static-1",)
+    assert static_splits(4) == ("static-1", "static-2", "static-3")
+    assert compare_schedules(3) == ("elastic", "static-1", "static-2", "colocate")
+    with pytest.raises(ValueError, match="≥ 2 cells"):
+        static_splits(1)
+
+
+def test_a_static_schedule_names_its_rollout_cells() -> None:
+    assert schedule_policy("static-2", 3, 0) == ("async", {"rollout_cells": 2, "max_staleness": 0})
+    assert schedule_policy("static-1", 2, 1) == ("async", {"rollout_cells": 1, "max_staleness": 1})
+    for bad in ("static-0", "static-3", "static-x", "static-"):
+        with pytest.raises(ValueError, match="1 ≤ R < 3"):
+            schedule_policy(bad, 3, 1)
+    with pytest.raises(ValueError, match="unknown schedule 'round-robin'"):
+        schedule_policy("round-robin", 3, 1)
+    name, args = schedule_policy("elastic", 3, 0)
+    assert (name, args["staleness_bound"]) == ("elastic", 0)
+
+
+def _arm(wall: float, reward: float | None) -> dict[str, Any]:
+    return {"wall_s": wall, "eval_reward_end": reward}
+
+
+def test_the_best_static_split_is_the_fastest_and_ratios_are_over_elastic() -> None:
+    row = summarise_seed(4, {"elastic": _arm(10.0, 0.6), "static-1": _arm(15.0, 0.6),
+                             "static-2": _arm(12.0, 0.6), "colocate": _arm(13.0, 0.6)}, 0.5)
+    assert row["best_static"] == "static-2"
+    assert row["elastic_over_best_static"] == 1.2
+    assert row["elastic_over_colocate"] == 1.3
+    tie = summarise_seed(0, {"elastic": _arm(5.0, 0.6), "static-2": _arm(6.0, 0.6), "static-1": _arm(6.0, 0.6),
+                             "colocate": _arm(5.0, 0.6)}, 0.5)
+    assert tie["best_static"] == "static-1"  # a tie goes to the first name, whatever the order
+    with pytest.raises(ValueError, match="needs elastic, colocate and a static split"):
+        summarise_seed(0, {"elastic": _arm(1.0, 0.6), "colocate": _arm(1.0, 0.6)}, 0.5)
+
+
+def test_a_reward_that_ends_where_it_started_is_not_rising() -> None:
+    row = summarise_seed(0, {"elastic": _arm(1.0, 0.51), "static-1": _arm(1.0, 0.5),
+                             "colocate": _arm(1.0, None)}, 0.5)
+    assert row["reward_rising"] == {"elastic": True, "static-1": False, "colocate": False}
+    unmeasured = summarise_seed(0, {"elastic": _arm(1.0, 0.9), "static-1": _arm(1.0, 0.9),
+                                    "colocate": _arm(1.0, 0.9)}, None)
+    assert not any(unmeasured["reward_rising"].values())
+
+
+def _row(best: float, colocate: float, sim_best: float, sim_colocate: float, rising: bool = True) -> dict[str, Any]:
+    return {"elastic_over_best_static": best, "elastic_over_colocate": colocate,
+            "simulator": {"elastic_over_best_static": sim_best, "elastic_over_colocate": sim_colocate},
+            "reward_rising": {"elastic": True, "static-1": rising}}
+
+
+def test_goals_on_their_boundaries() -> None:
+    met = summarise([_row(1.2, 1.3, 1.2, 1.3)] * 3)
+    assert met["elastic_over_best_static"] == 1.2
+    assert met["goals"] == {"elastic_over_best_static": True, "elastic_over_colocate": True,
+                            "reward_rising_every_arm": True, "simulator_within_15pct": True,
+                            "at_least_3_seeds": True}
+    short = summarise([_row(1.1999, 1.2999, 1.0, 1.0, rising=False)] * 2)
+    assert not any(short["goals"].values())
+    assert short["simulator_error"]["elastic_over_best_static"] == round(1.0 / 1.1999 - 1, 4)
+
+
+def test_the_ratios_are_geometric_means_over_the_seeds() -> None:
+    out = summarise([_row(2.0, 1.0, 1.0, 1.0), _row(0.5, 1.0, 1.0, 1.0), _row(1.0, 4.0, 1.0, 1.0)])
+    assert out["elastic_over_best_static"] == 1.0  # the arithmetic mean would say 1.17
+    assert out["elastic_over_colocate"] == round(4 ** (1 / 3), 4)
+
+
+def _outcome(i: int, seconds: float) -> ExecutionOutcome:
+    return ExecutionOutcome(f"e{i}", f"t{i}", "succeeded", started_at=1.0, finished_at=1.0 + seconds)
+
+
+def _result(name: str, durations: list[float], steps: list[tuple[float, int]],
+            switches: list[dict[str, Any]] | None = None) -> ScheduleResult:
+    return ScheduleResult(name, 1.0, len(steps), [_outcome(i, d) for i, d in enumerate(durations)], [],
+                          switches or [], {}, {}, [], {}, 0, {}, steps)
+
+
+def test_the_simulator_is_calibrated_from_the_measured_costs() -> None:
+    cfg = ElasticDemoConfig(cells=3, capacity=2, executions=48, batch_size=8, staleness_bound=0)
+    results = {
+        "elastic": _result("elastic", [1.0, 2.0], [(9.0, 1)], [{"to": "rollout", "wall_s": 0.2},
+                                                               {"to": "rollout", "wall_s": 0.4},
+                                                               {"to": "train", "wall_s": 0.1}]),
+        "static-1": _result("static-1", [3.0], [(1.0, 2), (1.5, 2)]),
+        "static-2": _result("static-2", [4.0, 5.0], [(2.5, 1)]),
+    }
+    w = calibrated_workload(cfg, results)
+    assert w.rollout_p50_s == 3.0  # the median of every arm's durations
+    assert w.tail_ratio == pytest.approx((4.0 + 0.96 * 1.0) / 3.0)  # numpy's p99 of 1..5 over the median
+    assert w.train_cell_s_per_step == 2.5  # median of 2, 3, 2.5: static steps only, wall × train cells
+    assert w.switch_cost_s == pytest.approx(0.3)
+    assert w.join_cost_s == 0.1
+    assert (w.cells, w.slots_per_cell, w.batch_size, w.steps, w.max_staleness, w.core_cells) == (3, 2, 8, 6, 0, 0)
+    assert w.batch_rule == "first_finished"
+    assert math.isinf(w.rollout_timeout_s)
+    no_switch = calibrated_workload(cfg, {k: v for k, v in results.items() if k != "elastic"})
+    assert (no_switch.switch_cost_s, no_switch.join_cost_s) == (0.0, None)
+    with pytest.raises(ValueError, match="no training step of a static split"):
+        calibrated_workload(cfg, {"elastic": results["elastic"]})
+    with pytest.raises(ValueError, match="no finished execution"):
+        calibrated_workload(cfg, {"static-1": _result("static-1", [], [(1.0, 1)])})
+
+
+def test_the_prediction_runs_every_schedule_through_the_simulator() -> None:
+    cfg = ElasticDemoConfig(cells=3, capacity=2, executions=16, batch_size=8)
+    w = calibrated_workload(cfg, {"static-1": _result("static-1", [1.0, 1.5, 6.0], [(1.0, 2)])})
+    out = predict(w, 3, 1, seeds=2)
+    assert set(out["wall_s"]) == {"elastic", "static-1", "static-2", "colocate"}
+    assert all(v > 0 for v in out["wall_s"].values())
+    best = out["best_static"]
+    assert out["wall_s"][best] == min(out["wall_s"]["static-1"], out["wall_s"]["static-2"])
+    assert out["elastic_over_best_static"] == pytest.approx(out["wall_s"][best] / out["wall_s"]["elastic"], abs=1e-3)
+
+
+def test_occupancy_is_accumulated_per_role_and_clipped_to_the_capacity() -> None:
+    acc = dict.fromkeys(("rollout_cell_s", "rollout_slot_s", "rollout_slot_capacity_s", "train_cell_s"), 0.0)
+    roles = {"a": "rollout", "b": "train", "c": "idle"}
+    _accumulate(acc, 0.0, roles, {"a": 2}, 2)
+    assert set(acc.values()) == {0.0}  # an empty interval adds nothing
+    _accumulate(acc, 0.5, roles, {"a": 3, "b": 1}, 2)  # a full cell reports at most its capacity
+    _accumulate(acc, 0.5, roles, {}, 2)
+    assert acc == {"rollout_cell_s": 1.0, "rollout_slot_s": 1.0, "rollout_slot_capacity_s": 2.0,
+                   "train_cell_s": 1.0}
+
+
+def test_a_schedule_s_occupancies_in_its_summary() -> None:
+    res = _result("static-1", [1.0], [])
+    res.occupancy = {"rollout_slot_s": 3.0, "rollout_slot_capacity_s": 4.0, "train_cell_s": 2.0,
+                     "train_device_s": 0.5}
+    res.switches = [{"phases": {"drain": 0.1}, "wall_s": 0.25}, {"phases": {}, "wall_s": 0.5}]
+    s = res.summary()
+    assert (s["slot_occupancy"], s["train_cell_occupancy"], s["switch_overhead_cell_s"]) == (0.75, 0.25, 0.75)
+    assert _result("colocate", [], []).summary()["slot_occupancy"] is None  # no rollout time: no ratio
+
+
+def test_compare_needs_elastic_and_a_positive_seed_count() -> None:
+    alone = CliRunner().invoke(app, ["demo", "--compare", "--quiet"], env={"COLUMNS": "200"})
+    assert alone.exit_code == 2
+    assert "--compare compares the elastic runtime's schedules: use it with --elastic" in alone.output
+    none = CliRunner().invoke(app, ["demo", "--elastic", "--compare", "--compare-seeds", "0", "--quiet"],
+                              env={"COLUMNS": "200"})
+    assert none.exit_code == 2
+    assert "--compare-seeds must be ≥ 1 (the goals need 3), got 0" in none.output
