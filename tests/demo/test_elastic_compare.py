@@ -15,6 +15,7 @@ from sapwood.demo.elastic.compare import (
     predict,
     summarise,
     summarise_seed,
+    uncontended_durations,
 )
 from sapwood.demo.elastic.driver import (
     ElasticDemoConfig,
@@ -97,13 +98,17 @@ def test_the_ratios_are_geometric_means_over_the_seeds() -> None:
 
 
 def _outcome(i: int, seconds: float) -> ExecutionOutcome:
-    return ExecutionOutcome(f"e{i}", f"t{i}", "succeeded", started_at=1.0, finished_at=1.0 + seconds)
+    return ExecutionOutcome(f"e{i}", f"task-{i}", "succeeded", started_at=1.0, finished_at=1.0 + seconds)
 
 
 def _result(name: str, durations: list[float], steps: list[tuple[float, int]],
-            switches: list[dict[str, Any]] | None = None) -> ScheduleResult:
+            switches: list[dict[str, Any]] | None = None,
+            slots: list[tuple[float, float]] | None = None) -> ScheduleResult:
+    """A schedule's result; ``slots``: per execution ``(waited_s, held_s)`` (default: no wait, half held)."""
+    slots = slots if slots is not None else [(0.0, d / 2) for d in durations]
+    times = {f"e{i}": {"waited_s": w, "held_s": h} for i, (w, h) in enumerate(slots)}
     return ScheduleResult(name, 1.0, len(steps), [_outcome(i, d) for i, d in enumerate(durations)], [],
-                          switches or [], {}, {}, [], {}, 0, {}, steps)
+                          switches or [], {}, {}, [], {}, 0, {}, steps, times)
 
 
 def test_the_simulator_is_calibrated_from_the_measured_costs() -> None:
@@ -111,17 +116,23 @@ def test_the_simulator_is_calibrated_from_the_measured_costs() -> None:
     results = {
         "elastic": _result("elastic", [1.0, 2.0], [(9.0, 1)], [{"to": "rollout", "wall_s": 0.2},
                                                                {"to": "rollout", "wall_s": 0.4},
-                                                               {"to": "train", "wall_s": 0.1}]),
-        "static-1": _result("static-1", [3.0], [(1.0, 2), (1.5, 2)]),
-        "static-2": _result("static-2", [4.0, 5.0], [(2.5, 1)]),
+                                                               {"to": "train", "wall_s": 0.1}],
+                           slots=[(0.0, 0.5), (0.5, 0.5)]),
+        "static-1": _result("static-1", [3.0], [(1.0, 2), (1.5, 2)], slots=[(1.0, 1.0)]),
+        "static-2": _result("static-2", [4.0, 5.0], [(2.5, 1)], slots=[(0.0, 1.0), (0.0, 1.0)]),
     }
     w = calibrated_workload(cfg, results)
-    assert w.rollout_p50_s == 3.0  # the median of every arm's durations
-    assert w.tail_ratio == pytest.approx((4.0 + 0.96 * 1.0) / 3.0)  # numpy's p99 of 1..5 over the median
+    # task 0 alone: 1.0, 3.0 − 1.0 waited, 4.0 → median 2.0; task 1: 2.0 − 0.5, 5.0 → 3.25; the rest: their median
+    assert w.durations_s is not None
+    assert w.durations_s[:2] == (2.0, 3.25)
+    assert set(w.durations_s[2:]) == {2.625}
+    assert len(w.durations_s) == cfg.executions
+    assert w.rollout_p50_s == 2.625
+    assert w.slots_per_cell == 7  # duty = 4.0 held / 13.5 alone; 2 slots ÷ 0.296 = 6.75
     assert w.train_cell_s_per_step == 2.5  # median of 2, 3, 2.5: static steps only, wall × train cells
     assert w.switch_cost_s == pytest.approx(0.3)
     assert w.join_cost_s == 0.1
-    assert (w.cells, w.slots_per_cell, w.batch_size, w.steps, w.max_staleness, w.core_cells) == (3, 2, 8, 6, 0, 0)
+    assert (w.cells, w.batch_size, w.steps, w.max_staleness, w.core_cells) == (3, 8, 6, 0, 0)
     assert w.batch_rule == "first_finished"
     assert math.isinf(w.rollout_timeout_s)
     no_switch = calibrated_workload(cfg, {k: v for k, v in results.items() if k != "elastic"})
@@ -130,6 +141,20 @@ def test_the_simulator_is_calibrated_from_the_measured_costs() -> None:
         calibrated_workload(cfg, {"elastic": results["elastic"]})
     with pytest.raises(ValueError, match="no finished execution"):
         calibrated_workload(cfg, {"static-1": _result("static-1", [], [(1.0, 1)])})
+    with pytest.raises(ValueError, match="slot time"):
+        calibrated_workload(cfg, {"static-1": _result("static-1", [1.0], [(1.0, 1)], slots=[])})
+
+
+def test_a_busy_execution_keeps_at_least_its_held_time_and_duty_one_keeps_the_real_slots() -> None:
+    """Boundaries: waiting can not cut a rollout below the time it held a slot; duty 1 keeps the real slots."""
+    durations, duty = uncontended_durations(2, {"static-1": _result("static-1", [2.0, 1.0], [(1.0, 1)],
+                                                                    slots=[(1.5, 2.0), (0.0, 1.0)])})
+    assert durations == [2.0, 1.0]
+    assert duty == 1.0
+    cfg = ElasticDemoConfig(cells=3, capacity=2, executions=2, batch_size=2)
+    w = calibrated_workload(cfg, {"static-1": _result("static-1", [2.0, 1.0], [(1.0, 1)],
+                                                      slots=[(1.5, 2.0), (0.0, 1.0)])})
+    assert w.slots_per_cell == 2
 
 
 def test_the_prediction_runs_every_schedule_through_the_simulator() -> None:

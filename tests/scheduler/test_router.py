@@ -246,3 +246,41 @@ def test_the_queue_counts_calls_waiting_for_a_slot_and_occupied_slots() -> None:
     run(scenario())
     assert seen["full"] == {"waiting": 3, "occupied": {"a": 1}}, "a train cell's slots are no rollout occupancy"
     assert seen["drained"] == {"waiting": 0, "occupied": {"a": 0}}
+
+
+class FakeClock:
+    """``time.monotonic`` for the router, advanced only by the cells' answers (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_session_times_split_each_sessions_wait_for_a_slot_from_its_time_holding_one(
+        monkeypatch: Any) -> None:
+    import sapwood.scheduler.runtime.router as router_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(router_module, "time", clock)
+    router = Router()
+    cost = {"A": 2.0, "B": 0.5}  # seconds each session's call keeps the cell busy
+
+    def busy(key: str, ids: list[int]) -> dict[str, Any]:
+        clock.now += cost["A" if ids == [1] else "B"]
+        return {"status": "ok", "output_ids": [9], "logprobs": [-0.5], "cell_id": "a", "policy_version": 0,
+                "input_digest": input_digest(ids)}
+
+    router.add_cell("a", FakeCell("a", busy), 1, "rollout")  # one slot: B waits while A holds it
+
+    async def scenario() -> None:
+        await asyncio.gather(router.generate([1], {"session": "A"}), router.generate([2], {"session": "B"}),
+                             router.generate([3], {}))
+
+    run(scenario())
+    times = router.session_times()
+    assert sorted(times) == ["A", "B"], "a call with no session is counted for no session"
+    assert times["A"] == {"waited_s": 0.0, "held_s": 2.0}
+    assert times["B"]["waited_s"] == 2.0, "B waited while A held the only slot"
+    assert times["B"]["held_s"] == 0.5

@@ -145,3 +145,23 @@ def test_simulate_command_reports_async_at_its_best_split() -> None:
     assert out["best_static"]["wall_h"] == pytest.approx(static.wall_s / 3600, abs=1e-4)
     assert out["elastic_vs_best_static"] == pytest.approx(out["best_static"]["wall_h"] / out["results"][0]["wall_h"],
                                                           rel=1e-3)
+
+
+def test_replayed_durations_are_used_in_admission_order_and_repeat_for_a_longer_draw() -> None:
+    w = SMALL.with_(batch_size=2, steps=2, durations_s=(1.0, 3.0, 2.0, 5.0))
+    np.testing.assert_array_equal(w.durations(0), [1.0, 3.0, 2.0, 5.0])
+    np.testing.assert_array_equal(w.durations(7, 6), [1.0, 3.0, 2.0, 5.0, 1.0, 3.0])
+
+
+def test_colocate_on_replayed_durations_equals_closed_form() -> None:
+    """One cell, one batch per wave: each step waits for its batch's longest replayed rollout."""
+    w = Workload(cells=1, slots_per_cell=2, batch_size=2, steps=2, core_cells=0, train_cell_s_per_step=4.0,
+                 switch_cost_s=0.5, tick_s=0.1, timeout_factor=math.inf, durations_s=(1.0, 3.0, 2.0, 5.0))
+    closed = (3.0 + 5.0) + 2 * 4.0 + (2 * 2 - 1) * 0.5
+    assert simulate(w, "colocate", 0).wall_s == pytest.approx(closed, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [(), (0.0,), (1.0, math.nan), (1.0, -2.0), (math.inf,)])
+def test_replayed_durations_must_be_finite_positive_seconds(bad: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="durations_s"):
+        Workload(durations_s=bad)

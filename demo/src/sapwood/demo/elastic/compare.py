@@ -5,12 +5,20 @@ Per seed, one live run plays every schedule on the same tasks, length scales and
 baseline: a tuned static split, not a convenient one) and ``colocate``. The ratios are wall-time ratios
 (other / elastic; above 1: elastic is faster), taken per seed and summarised by their geometric mean.
 
-The simulator's prediction beside them: the same workload (cells, slots, batch, steps, admission bound,
+The simulator's prediction beside them: the same workload (cells, batch, steps, admission bound,
 first-finished batches, no timeout) through :mod:`sapwood.scheduler.simulator`, its costs calibrated from
-that seed's live run (:func:`calibrated_workload`): rollout durations from the executions' measured
-durations (a lognormal with their median and p99/p50; the live tail is a clipped Pareto, a modelling
-choice said here), a training step's cell-seconds from the static arms' measured step walls × their train
-cells, switch and join costs from the elastic arm's measured switch walls.
+that seed's live run (:func:`calibrated_workload`):
+
+* rollout ``i``'s duration is replayed (``Workload.durations_s``): the median over the arms of execution
+  ``i``'s measured wall time less the time its calls waited for a slot (the router's
+  ``session_times``), i.e. what it takes on an idle cluster; the simulator adds its own queueing.
+* slots: a live execution holds a slot only while a call decodes (its agent loop, environment and
+  recorder between calls free it), a simulated rollout for its whole duration. The simulator gets
+  ``capacity ÷ duty`` slots per cell (rounded; duty ≤ 1, so never fewer than ``capacity``), ``duty`` =
+  slot-seconds held ÷ uncontended execution-seconds, measured: a fluid approximation, the modelling
+  choice said here.
+* a training step's cell-seconds from the static arms' measured step walls × their train cells, switch
+  and join costs from the elastic arm's measured switch walls.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from sapwood.demo.elastic.driver import (
     static_splits,
 )
 
-__all__ = ["GOALS", "calibrated_workload", "compare_schedules", "predict", "run_compare", "summarise_seed"]
+__all__ = ["GOALS", "calibrated_workload", "compare_schedules", "predict", "run_compare", "summarise_seed",
+           "uncontended_durations"]
 
 GOALS = {"elastic_over_best_static": 1.2, "elastic_over_colocate": 1.3, "simulator_error": 0.15}
 """Issue 26's goals: elastic ≥ 1.2× the best static split and ≥ 1.3× colocate (geometric means over the
@@ -69,27 +78,45 @@ def summarise_seed(seed: int, schedules: dict[str, dict[str, Any]], eval_start: 
 def calibrated_workload(cfg: ElasticDemoConfig, results: dict[str, ScheduleResult]) -> Any:
     """The simulator's :class:`~sapwood.scheduler.simulator.Workload` for ``cfg`` with the costs measured in
     ``results`` (one seed's live schedules): see the module docstring. Raises ``ValueError`` when a cost
-    cannot be measured (no finished execution, no static training step)."""
+    cannot be measured (no finished execution, no slot time, no static training step)."""
     from sapwood.scheduler.simulator import Workload
 
-    durations = [o.finished_at - o.started_at for r in results.values() for o in r.outcomes if o.finished_at > 0]
-    if not durations:
-        raise ValueError("no finished execution to calibrate rollout durations from")
-    p50 = float(np.median(durations))
-    tail = max(float(np.quantile(durations, 0.99)) / p50, 1.0)
+    durations, duty = uncontended_durations(cfg.executions, results)
     steps = [wall * n for name, r in results.items() if name.startswith("static-") for wall, n in r.step_walls]
     if not steps:
         raise ValueError("no training step of a static split to calibrate a step's cell-seconds from")
     switches = results["elastic"].switches if "elastic" in results else []
     into = {role: [sw["wall_s"] for sw in switches if sw["to"] == role] for role in ("rollout", "train")}
     return Workload(
-        cells=cfg.cells, slots_per_cell=cfg.capacity, batch_size=cfg.batch_size,
-        steps=max(cfg.executions // cfg.batch_size, 1), rollout_p50_s=p50, tail_ratio=tail,
-        train_cell_s_per_step=float(np.median(steps)),
+        cells=cfg.cells, slots_per_cell=round(cfg.capacity / duty), batch_size=cfg.batch_size,
+        steps=max(cfg.executions // cfg.batch_size, 1), rollout_p50_s=float(np.median(durations)),
+        durations_s=tuple(durations), train_cell_s_per_step=float(np.median(steps)),
         switch_cost_s=float(np.mean(into["rollout"])) if into["rollout"] else 0.0,
         join_cost_s=float(np.mean(into["train"])) if into["train"] else None,
         tick_s=cfg.tick_s, max_staleness=cfg.staleness_bound, core_cells=0, batch_rule="first_finished",
         stale_rollouts="discount", stale_weight=1.0, timeout_factor=math.inf)
+
+
+def uncontended_durations(executions: int, results: dict[str, ScheduleResult]) -> tuple[list[float], float]:
+    """``(durations, duty)``: per task index ``0 … executions − 1`` (admission order), the median over the
+    arms of its execution's wall seconds less its calls' wait for a slot; and slot-seconds held ÷ those
+    seconds over every finished execution. A task no arm finished takes the median of the others."""
+    per_task: dict[int, list[float]] = {}
+    held = service = 0.0
+    for r in results.values():
+        for o in r.outcomes:
+            times = r.slot_times.get(o.execution_id)
+            if o.finished_at <= 0 or times is None or not o.task_id.startswith("task-"):
+                continue
+            alone = max(o.finished_at - o.started_at - times["waited_s"], times["held_s"], 1e-6)
+            per_task.setdefault(int(o.task_id.removeprefix("task-")), []).append(alone)
+            held += times["held_s"]
+            service += alone
+    if not per_task or held <= 0:
+        raise ValueError("no finished execution with slot time to calibrate rollout durations and slots from")
+    medians = {i: float(np.median(v)) for i, v in per_task.items()}
+    fill = float(np.median(list(medians.values())))
+    return [medians.get(i, fill) for i in range(executions)], held / service  # ≤ 1: alone ≥ held each
 
 
 def predict(workload: Any, cells: int, staleness_bound: int, seeds: int = SIM_SEEDS) -> dict[str, Any]:
@@ -133,7 +160,7 @@ def run_compare(cfg: ElasticDemoConfig, seeds: Sequence[int], *,
                             for n, s in live["schedules"].items()}
         workload = calibrated_workload(scfg, results)
         row["calibration"] = {k: v for k, v in workload.to_json().items()
-                              if k in ("rollout_p50_s", "tail_ratio", "train_cell_s_per_step", "switch_cost_s",
+                              if k in ("rollout_p50_s", "slots_per_cell", "train_cell_s_per_step", "switch_cost_s",
                                        "join_cost_s")}
         row["simulator"] = predict(workload, cfg.cells, cfg.staleness_bound)
         row["out_dir"] = live["out_dir"]

@@ -155,6 +155,8 @@ class ScheduleResult:
     ``train_cell_s`` and ``train_device_s`` (trained micro-batches × their device seconds)."""
     step_walls: list[tuple[float, int]] = field(default_factory=list)
     """``(seconds, train cells at its start)`` of every training step (the learner step and the broadcast)."""
+    slot_times: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per execution id: ``waited_s`` (its calls waiting for a slot) and ``held_s`` (holding one), from the router."""
 
     def summary(self) -> dict[str, Any]:
         phases: dict[str, list[float]] = {}
@@ -315,6 +317,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             thread.join()
         outcomes += pool.poll(timeout_s=30) if pool.running else []
         router_stats = ray.get(rt.router.stats.remote())
+        slot_times = ray.get(rt.router.session_times.remote())
         check = store_check(rt, outcomes)
         final_version, final = ray.get(core.learner_state.remote())
         group = ray.get(core.group_stats.remote())
@@ -327,7 +330,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         occupancy["train_device_s"] = trained_micro_batches * cfg.train_microbatch_s
         return ScheduleResult(schedule, wall, training["steps"], outcomes, timeline,
                               [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
-                              final, final_version, occupancy, step_walls)
+                              final, final_version, occupancy, step_walls, slot_times)
     finally:
         pool.close()
         ray.get(core.close_learner.remote())

@@ -18,6 +18,11 @@ Queue lag (:meth:`Router.queue`): the calls waiting for a slot now (in :meth:`Ro
 attempt waiting again included) and each rollout cell's occupied slots; the scheduler's rollout demand
 is their sum (:func:`sapwood.scheduler.signals.queue_demand`).
 
+Slot time per session (:meth:`Router.session_times`): the seconds each session's calls waited for a slot
+and the seconds they held one (an attempt's RPC to its cell, from the slot's taking to its release). An
+execution's wall time minus its waiting is what it would take on an idle cluster; held ÷ that is the
+share of it a slot is busy (the simulator's calibration, ``sapwood.demo.elastic.compare``).
+
 Policy version of a continued call: ``policy_version`` is the version at the call's start (the oldest
 weights any of its tokens came from), and when the continuation ran on other weights the answer says
 ``version_changed: True`` with ``policy_versions`` ``[start, end]``. Every token's logged log-prob is
@@ -61,6 +66,7 @@ class Router:
         self.no_cell_timeout_s = no_cell_timeout_s
         self.sticky_wait_s, self.hint_wait_s = sticky_wait_s, hint_wait_s
         self.waiting = 0
+        self.slot_time: dict[str, list[float]] = {}  # session -> [waited_s, held_s]
         self.counts = {"calls": 0, "attempts": 0, "rerouted": 0, "aborted": 0, "cell_lost": 0, "refused": 0,
                        "discarded_tokens": 0, "continued_tokens": 0, "sticky": 0, "version_changed": 0}
         self._changed = asyncio.Event()
@@ -161,12 +167,15 @@ class Router:
         start_version: int | None = None
         budget = int(params.get("max_new_tokens", 1))
         try:
+            times = self.slot_time.setdefault(str(session), [0.0, 0.0]) if session is not None else [0.0, 0.0]
             while True:
                 self.waiting += 1
+                t_wait = time.monotonic()
                 try:
                     cid = await self._pick(key, session)
                 finally:
                     self.waiting -= 1
+                    times[0] += time.monotonic() - t_wait
                 if cid is None:
                     return {"status": "error", "reason": f"no rollout cell had a free slot for "
                             f"{self.no_cell_timeout_s:.0f} s", "attempts": attempts}
@@ -175,6 +184,7 @@ class Router:
                 self.counts["attempts"] += 1
                 attempt_ids = input_ids + kept_ids
                 body = {**params, "max_new_tokens": budget - len(kept_ids)}
+                t_held = time.monotonic()
                 try:
                     res: dict[str, Any] = await self.cells[cid].generate.remote(key, attempt_ids, body)
                 except RayActorError as exc:
@@ -185,6 +195,7 @@ class Router:
                     kept_ids, kept_lps, start_version = [], [], None  # restart from the input ids
                 finally:
                     self.load[cid] -= 1
+                    times[1] += time.monotonic() - t_held
                     self._changed.set()
                 status = res.get("status")
                 if status in ("ok", "aborted") and res.get("input_digest") != input_digest(attempt_ids):
@@ -234,6 +245,10 @@ class Router:
         """``{"waiting": calls waiting for a slot, "occupied": {rollout cell: slots in use}}``."""
         return {"waiting": self.waiting,
                 "occupied": {c: self.load[c] for c, r in self.roles.items() if r == "rollout" and c not in self.lost}}
+
+    def session_times(self) -> dict[str, dict[str, float]]:
+        """``{session: {"waited_s": seconds its calls waited for a slot, "held_s": seconds they held one}}``."""
+        return {k: {"waited_s": w, "held_s": h} for k, (w, h) in self.slot_time.items()}
 
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "lost_cells": dict(self.lost), "load": dict(self.load), "roles": dict(self.roles),

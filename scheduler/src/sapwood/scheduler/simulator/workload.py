@@ -9,6 +9,10 @@ A training step costs ``train_cell_s_per_step`` cell-seconds, split evenly over 
 (weight load); a move into training takes ``join_cost_s`` (a satellite pulling the parameters to join;
 ``None``: the same as ``switch_cost_s``).
 
+Replayed durations (``durations_s``): a measured workload's per-rollout durations in admission order,
+used instead of the lognormal draw (rollout ``i`` lasts ``durations_s[i]`` under every policy and seed; a
+longer draw repeats them in order). ``rollout_p50_s`` still sets the completion-rate window and the timeout.
+
 Core cells: the last ``core_cells`` cells hold the authoritative parameters and are pinned to training under
 every policy that separates the roles (Elastic, Async; the simulator refuses a move of a core cell out of
 training). Colocate is exempt: a colocated system holds the parameters on every cell by design.
@@ -66,6 +70,7 @@ class Workload:
     timeout_factor: float = 3.0
     streaming_accumulation: bool = False
     join_cost_s: float | None = None
+    durations_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -90,6 +95,12 @@ class Workload:
             raise ValueError(f"Workload.core_cells must be in [0, cells − 1 = {self.cells - 1}], got {self.core_cells}")
         if self.join_cost_s is not None and not (math.isfinite(self.join_cost_s) and self.join_cost_s >= 0):
             raise ValueError(f"Workload.join_cost_s must be ≥ 0 or None (= switch_cost_s), got {self.join_cost_s}")
+        if self.durations_s is not None:
+            object.__setattr__(self, "durations_s", tuple(self.durations_s))  # a JSON list reads back as a tuple
+            bad_d = [d for d in self.durations_s if not (isinstance(d, int | float) and math.isfinite(d) and d > 0)]
+            if not self.durations_s or bad_d:
+                raise ValueError(f"Workload.durations_s must be a non-empty tuple of finite seconds > 0 (or None), "
+                                 f"got {len(self.durations_s)} values, these bad: {bad_d[:5]}")
         if self.batch_rule not in BATCH_RULES:
             raise ValueError(f"Workload.batch_rule must be one of {BATCH_RULES}, got {self.batch_rule!r}")
         if self.stale_rollouts not in STALE_RULES:
@@ -121,8 +132,11 @@ class Workload:
 
     def durations(self, seed: int, count: int | None = None) -> np.ndarray:
         """``(count,)`` float64 seconds (default ``rollouts``); rollout i gets durations[i] under every policy
-        and every ``count`` (common random numbers: a longer draw extends a shorter one)."""
+        and every ``count`` (common random numbers: a longer draw extends a shorter one); ``durations_s``
+        replayed when given."""
         n = self.rollouts if count is None else count
+        if self.durations_s is not None:
+            return np.resize(np.asarray(self.durations_s, dtype=np.float64), n)
         rng = np.random.default_rng(seed)
         if self.sigma == 0.0:
             return np.full(n, self.rollout_p50_s)
