@@ -13,6 +13,7 @@ from sapwood.demo.elastic.compare import (
     calibrated_workload,
     compare_schedules,
     predict,
+    step_cost_fit,
     summarise,
     summarise_seed,
     uncontended_durations,
@@ -119,7 +120,7 @@ def test_the_simulator_is_calibrated_from_the_measured_costs() -> None:
                                                                {"to": "train", "wall_s": 0.1}],
                            slots=[(0.0, 0.5), (0.5, 0.5)]),
         "static-1": _result("static-1", [3.0], [(1.0, 2), (1.5, 2)], slots=[(1.0, 1.0)]),
-        "static-2": _result("static-2", [4.0, 5.0], [(2.5, 1)], slots=[(0.0, 1.0), (0.0, 1.0)]),
+        "static-2": _result("static-2", [4.0, 5.0], [(2.0, 1)], slots=[(0.0, 1.0), (0.0, 1.0)]),
     }
     w = calibrated_workload(cfg, results)
     # task 0 alone: 1.0, 3.0 − 1.0 waited, 4.0 → median 2.0; task 1: 2.0 − 0.5, 5.0 → 3.25; the rest: their median
@@ -129,7 +130,9 @@ def test_the_simulator_is_calibrated_from_the_measured_costs() -> None:
     assert len(w.durations_s) == cfg.executions
     assert w.rollout_p50_s == 2.625
     assert w.slots_per_cell == 7  # duty = 4.0 held / 13.5 alone; 2 slots ÷ 0.296 = 6.75
-    assert w.train_cell_s_per_step == 2.5  # median of 2, 3, 2.5: static steps only, wall × train cells
+    # static steps only: 2 cells → median 1.25 s, 1 cell → 2.0 s; 2.0 = serial + cell_s, 1.25 = serial + cell_s / 2
+    assert w.train_cell_s_per_step == pytest.approx(1.5)
+    assert w.train_step_serial_s == pytest.approx(0.5)
     assert w.switch_cost_s == pytest.approx(0.3)
     assert w.join_cost_s == 0.1
     assert (w.cells, w.batch_size, w.steps, w.max_staleness, w.core_cells) == (3, 8, 6, 0, 0)
@@ -162,6 +165,8 @@ def test_the_prediction_runs_every_schedule_through_the_simulator() -> None:
     w = calibrated_workload(cfg, {"static-1": _result("static-1", [1.0, 1.5, 6.0], [(1.0, 2)])})
     out = predict(w, 3, 1, seeds=2)
     assert set(out["wall_s"]) == {"elastic", "static-1", "static-2", "colocate"}
+    assert out["switches"]["static-1"] == 0, "a static split never switches"
+    assert out["switches"]["colocate"] > 0, "colocate flips every cell each step"
     assert all(v > 0 for v in out["wall_s"].values())
     best = out["best_static"]
     assert out["wall_s"][best] == min(out["wall_s"]["static-1"], out["wall_s"]["static-2"])
@@ -197,3 +202,36 @@ def test_compare_needs_elastic_and_a_positive_seed_count() -> None:
                               env={"COLUMNS": "200"})
     assert none.exit_code == 2
     assert "--compare-seeds must be ≥ 1 (the goals need 3), got 0" in none.output
+
+
+def test_the_printed_comparison_shows_each_arm_live_beside_the_simulator() -> None:
+    from rich.console import Console
+
+    from sapwood.demo.elastic.cli import _print_compare
+
+    names = ("elastic", "static-1", "colocate")
+    occ = {"slot_occupancy": 0.5, "train_cell_occupancy": 0.25, "switches": 3, "switch_overhead_cell_s": 0.125}
+    row = {"seed": 4, "best_static": "static-1", "wall_s": dict(zip(names, (10.0, 12.5, 13.0), strict=True)),
+           "occupancy": dict.fromkeys(names, occ), "eval_reward_end": dict.fromkeys(names, 0.625),
+           "elastic_over_best_static": 1.25, "elastic_over_colocate": 1.3,
+           "simulator": {"wall_s": dict(zip(names, (8.0, 11.0, 12.0), strict=True)),
+                         "switches": dict(zip(names, (17.0, 0.0, 33.0), strict=True)),
+                         "elastic_over_best_static": 1.375, "elastic_over_colocate": 1.5},
+           "reward_rising": dict.fromkeys(names, True)}
+    console = Console(record=True, width=250)
+    _print_compare(summarise([row]), console)
+    text = console.export_text()
+    assert "static-1 (best static)" in text
+    assert "17.000" in text, "the simulated switch count of the elastic arm"
+    assert "+10.0%" in text, "the simulator's error on best static / elastic: 1.375 / 1.25 − 1"
+    assert "at_least_3_seeds NOT met" in text
+
+
+def test_a_step_fit_that_is_not_a_serial_part_plus_a_shrinking_part_keeps_the_linear_model() -> None:
+    assert step_cost_fit([(2.0, 1), (1.5, 2), (1.0, 2)]) == pytest.approx((1.5, 0.5))  # median 1.25 at 2 cells
+    assert step_cost_fit([(2.0, 2), (3.0, 2)]) == (5.0, 0.0), "one train-cell count: wall × cells, no serial part"
+    assert step_cost_fit([(2.0, 1), (0.5, 2)]) == (1.5, 0.0), "a negative serial part (superlinear) is not fitted"
+    assert step_cost_fit([(1.0, 1), (2.0, 2)]) == (2.5, 0.0), "more cells slower: no shrinking part to fit"
+    assert step_cost_fit([(1.0, 1), (1.0, 2)]) == (1.5, 0.0), "cells that do not help: cell_s = 0 is refused"
+    with pytest.raises(ValueError, match="no training step"):
+        step_cost_fit([])

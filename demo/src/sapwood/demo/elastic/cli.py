@@ -96,7 +96,7 @@ def _print_compare(summary: dict[str, Any], console: Console) -> None:
 
     table = Table(title="sapwood demo --elastic --compare: wall seconds, slot / train-cell occupancy, switches")
     for col in ("seed", "schedule", "wall (s)", "slot occ.", "train-cell occ.", "switches", "switch cell-s",
-                "eval reward end", "simulated wall (s)"):
+                "eval reward end", "simulated wall (s)", "simulated switches"):
         table.add_column(col, justify="right")
     for row in summary["seeds"]:
         for name, wall in row["wall_s"].items():
@@ -104,7 +104,8 @@ def _print_compare(summary: dict[str, Any], console: Console) -> None:
             mark = " (best static)" if name == row["best_static"] else ""
             table.add_row(str(row["seed"]), name + mark, _fmt(wall), _fmt(occ["slot_occupancy"]),
                           _fmt(occ["train_cell_occupancy"]), _fmt(occ["switches"]), _fmt(occ["switch_overhead_cell_s"]),
-                          _fmt(row["eval_reward_end"][name]), _fmt(row["simulator"]["wall_s"][name]))
+                          _fmt(row["eval_reward_end"][name]), _fmt(row["simulator"]["wall_s"][name]),
+                          _fmt(row["simulator"]["switches"][name]))
     console.print(table)
     ratios = Table(title="elastic's speed-up (geometric mean over the seeds): live vs the calibrated simulator")
     for col in ("ratio", "live", "simulator", "simulator error", "goal", "met"):

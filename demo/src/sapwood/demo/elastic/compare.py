@@ -17,8 +17,10 @@ that seed's live run (:func:`calibrated_workload`):
   ``capacity ÷ duty`` slots per cell (rounded; duty ≤ 1, so never fewer than ``capacity``), ``duty`` =
   slot-seconds held ÷ uncontended execution-seconds, measured: a fluid approximation, the modelling
   choice said here.
-* a training step's cell-seconds from the static arms' measured step walls × their train cells, switch
-  and join costs from the elastic arm's measured switch walls.
+* a training step: ``serial + cell-seconds ÷ train cells`` (:func:`step_cost_fit`), fitted to the static
+  arms' measured step walls (the median wall per train-cell count, a least-squares line in 1 ÷ cells): the
+  core's update, the commit and the weight broadcast do not shrink with more train cells, the
+  micro-batches do. Switch and join costs from the elastic arm's measured switch walls.
 """
 
 from __future__ import annotations
@@ -40,8 +42,16 @@ from sapwood.demo.elastic.driver import (
     static_splits,
 )
 
-__all__ = ["GOALS", "calibrated_workload", "compare_schedules", "predict", "run_compare", "summarise_seed",
-           "uncontended_durations"]
+__all__ = [
+    "GOALS",
+    "calibrated_workload",
+    "compare_schedules",
+    "predict",
+    "run_compare",
+    "step_cost_fit",
+    "summarise_seed",
+    "uncontended_durations",
+]
 
 GOALS = {"elastic_over_best_static": 1.2, "elastic_over_colocate": 1.3, "simulator_error": 0.15}
 """Issue 26's goals: elastic ≥ 1.2× the best static split and ≥ 1.3× colocate (geometric means over the
@@ -82,19 +92,38 @@ def calibrated_workload(cfg: ElasticDemoConfig, results: dict[str, ScheduleResul
     from sapwood.scheduler.simulator import Workload
 
     durations, duty = uncontended_durations(cfg.executions, results)
-    steps = [wall * n for name, r in results.items() if name.startswith("static-") for wall, n in r.step_walls]
-    if not steps:
-        raise ValueError("no training step of a static split to calibrate a step's cell-seconds from")
+    cell_s, serial_s = step_cost_fit([step for name, r in results.items() if name.startswith("static-")
+                                      for step in r.step_walls])
     switches = results["elastic"].switches if "elastic" in results else []
     into = {role: [sw["wall_s"] for sw in switches if sw["to"] == role] for role in ("rollout", "train")}
     return Workload(
         cells=cfg.cells, slots_per_cell=round(cfg.capacity / duty), batch_size=cfg.batch_size,
         steps=max(cfg.executions // cfg.batch_size, 1), rollout_p50_s=float(np.median(durations)),
-        durations_s=tuple(durations), train_cell_s_per_step=float(np.median(steps)),
+        durations_s=tuple(durations), train_cell_s_per_step=cell_s, train_step_serial_s=serial_s,
         switch_cost_s=float(np.mean(into["rollout"])) if into["rollout"] else 0.0,
         join_cost_s=float(np.mean(into["train"])) if into["train"] else None,
         tick_s=cfg.tick_s, max_staleness=cfg.staleness_bound, core_cells=0, batch_rule="first_finished",
         stale_rollouts="discount", stale_weight=1.0, timeout_factor=math.inf)
+
+
+def step_cost_fit(steps: Sequence[tuple[float, int]]) -> tuple[float, float]:
+    """``(cell_s, serial_s)`` with ``wall ≈ serial_s + cell_s / n`` for measured steps ``(wall seconds, n train
+    cells)``: a least-squares line through the median wall of each ``n`` against ``1 / n``. One ``n`` only (or
+    a fit that is not ≥ 0 in both) keeps the linear model: ``serial_s = 0``, ``cell_s`` = median of wall × n."""
+    if not steps:
+        raise ValueError("no training step of a static split to calibrate a step's cell-seconds from")
+    by_cells: dict[int, list[float]] = {}
+    for wall, n in steps:
+        by_cells.setdefault(n, []).append(wall)
+    linear = float(np.median([wall * n for wall, n in steps]))
+    if len(by_cells) < 2:
+        return linear, 0.0
+    x = np.array([1.0 / n for n in by_cells])
+    y = np.array([float(np.median(v)) for v in by_cells.values()])
+    cell_s, serial_s = (float(c) for c in np.polyfit(x, y, 1))
+    if cell_s <= 1e-9 * float(y.max()) or serial_s < 0:  # no shrinking part (to float rounding), or superlinear
+        return linear, 0.0
+    return cell_s, serial_s
 
 
 def uncontended_durations(executions: int, results: dict[str, ScheduleResult]) -> tuple[list[float], float]:
@@ -120,17 +149,20 @@ def uncontended_durations(executions: int, results: dict[str, ScheduleResult]) -
 
 
 def predict(workload: Any, cells: int, staleness_bound: int, seeds: int = SIM_SEEDS) -> dict[str, Any]:
-    """Simulated wall seconds (median over ``seeds`` runs) of every schedule of the comparison and the
-    ratios, the best static split chosen in the simulator as it is live."""
+    """Simulated wall seconds and switch counts (medians over ``seeds`` runs) of every schedule of the
+    comparison and the ratios, the best static split chosen in the simulator as it is live."""
     from sapwood.scheduler.simulator import simulate
 
     walls: dict[str, float] = {}
+    switches: dict[str, float] = {}
     for name in compare_schedules(cells):
         policy, args = schedule_policy(name, cells, staleness_bound)  # the live arms' policy arguments
-        walls[name] = float(np.median([simulate(workload, policy, seed=s, **args).wall_s for s in range(seeds)]))
+        runs = [simulate(workload, policy, seed=s, **args) for s in range(seeds)]
+        walls[name] = float(np.median([r.wall_s for r in runs]))
+        switches[name] = float(np.median([r.switch_count for r in runs]))
     statics = {n: w for n, w in walls.items() if n.startswith("static-")}
     best = min(statics, key=lambda n: (statics[n], n))
-    return {"wall_s": {n: round(w, 3) for n, w in walls.items()}, "best_static": best,
+    return {"wall_s": {n: round(w, 3) for n, w in walls.items()}, "switches": switches, "best_static": best,
             "elastic_over_best_static": round(statics[best] / walls["elastic"], 4),
             "elastic_over_colocate": round(walls["colocate"] / walls["elastic"], 4)}
 
@@ -160,8 +192,8 @@ def run_compare(cfg: ElasticDemoConfig, seeds: Sequence[int], *,
                             for n, s in live["schedules"].items()}
         workload = calibrated_workload(scfg, results)
         row["calibration"] = {k: v for k, v in workload.to_json().items()
-                              if k in ("rollout_p50_s", "slots_per_cell", "train_cell_s_per_step", "switch_cost_s",
-                                       "join_cost_s")}
+                              if k in ("rollout_p50_s", "slots_per_cell", "train_cell_s_per_step",
+                                       "train_step_serial_s", "switch_cost_s", "join_cost_s")}
         row["simulator"] = predict(workload, cfg.cells, cfg.staleness_bound)
         row["out_dir"] = live["out_dir"]
         per_seed.append(row)

@@ -5,7 +5,8 @@ Process layout (all SimPy processes, no hand-written event loop):
 * one process per running rollout segment (a rollout preempted by a shrinking rollout pool keeps its
   remaining time and resumes first when a slot frees — the source's "switch without interrupting tasks");
 * one trainer: waits for a full batch, then works off ``train_cell_s_per_step`` cell-seconds at a rate equal
-  to the number of active train cells (cells joining or leaving mid-step change the rate);
+  to the number of active train cells (cells joining or leaving mid-step change the rate), then waits
+  ``train_step_serial_s`` (the step's part that more cells do not shorten; its train cells idle);
 * one controller: every ``tick_s`` and on every state change, builds a :class:`Signals` snapshot from
   observable state only, calls the policy, and starts a switch process for every moved cell.
 
@@ -204,6 +205,10 @@ class ClusterSim:
                 started = self.env.now
                 self._notify()
                 self.train_remaining = yield from self._work_off(self.train_remaining)
+            if w.train_step_serial_s > 0:  # the part of a step more train cells do not shorten
+                self._account()
+                self.train_working = False
+                yield self.env.timeout(w.train_step_serial_s)
             self._account()
             self.train_active = self.train_working = False
             self.train_remaining = 0.0

@@ -5,9 +5,10 @@ so σ = ln(tail_ratio) / z₀.₉₉ (z₀.₉₉ = 2.3263). ``tail_ratio`` = 1 
 lasts exactly the median). A rollout holds one of its cell's ``slots_per_cell`` slots for its duration
 (agentic rollouts are bound by environment time and KV-cache memory, not by decode throughput).
 A training step costs ``train_cell_s_per_step`` cell-seconds, split evenly over the train cells
-(data-parallel, linear scaling; satellites join a step mid-way). A move into rollout takes ``switch_cost_s``
-(weight load); a move into training takes ``join_cost_s`` (a satellite pulling the parameters to join;
-``None``: the same as ``switch_cost_s``).
+(data-parallel, linear scaling; satellites join a step mid-way), then ``train_step_serial_s`` seconds that
+do not shrink with more train cells (the core's update and the weight broadcast; default 0). A move into
+rollout takes ``switch_cost_s`` (weight load); a move into training takes ``join_cost_s`` (a satellite
+pulling the parameters to join; ``None``: the same as ``switch_cost_s``).
 
 Replayed durations (``durations_s``): a measured workload's per-rollout durations in admission order,
 used instead of the lognormal draw (rollout ``i`` lasts ``durations_s[i]`` under every policy and seed; a
@@ -71,6 +72,7 @@ class Workload:
     streaming_accumulation: bool = False
     join_cost_s: float | None = None
     durations_s: tuple[float, ...] | None = None
+    train_step_serial_s: float = 0.0
 
     def __post_init__(self) -> None:
         positive = {
@@ -89,6 +91,8 @@ class Workload:
             raise ValueError(f"Workload.tail_ratio is p99/p50 and must be ≥ 1, got {self.tail_ratio}")
         if not (math.isfinite(self.switch_cost_s) and self.switch_cost_s >= 0):
             raise ValueError(f"Workload.switch_cost_s must be ≥ 0, got {self.switch_cost_s}")
+        if not (math.isfinite(self.train_step_serial_s) and self.train_step_serial_s >= 0):
+            raise ValueError(f"Workload.train_step_serial_s must be finite seconds ≥ 0, got {self.train_step_serial_s}")
         if self.max_staleness < 0:
             raise ValueError(f"Workload.max_staleness must be ≥ 0, got {self.max_staleness}")
         if not 0 <= self.core_cells < self.cells:
