@@ -151,6 +151,33 @@ def test_a_stale_snapshots_gradient_is_refused(group: dict[str, Any]) -> None:
     _equal_to_reference(group, second, metrics)
 
 
+def test_a_satellite_leaving_mid_step_leaves_no_micro_batch_to_the_core(group: dict[str, Any]) -> None:
+    """The core is not in train; two satellites run the step (c1 fast, c2 slow: the counter is not spent
+    when c1 ends its second micro-batch) and c1 leaves after its first micro-batch.
+    c1 finishes what it claimed and claims nothing after its role changed, and what is left goes to c2,
+    so the step never stalls (no fallback) and the core computes none of it. (Before the redo queue, c1
+    claimed its next micro-batch and released it to the core, which waited ``stall_timeout_s``.)"""
+    cells = group["cells"]
+    ray.get([cells["c0"].set_device_costs.remote(DeviceCosts()),
+             cells["c1"].set_device_costs.remote(DeviceCosts(train_microbatch_s=0.5)),
+             cells["c2"].set_device_costs.remote(DeviceCosts(train_microbatch_s=1.2))])
+    ray.get([cells["c1"].set_role.remote("train"), cells["c2"].set_role.remote("train")])
+    batch = _batch(5)
+    v = ray.get(cells["c0"].learner_state.remote())[0]
+    step = cells["c0"].train_batch.remote(batch)
+    wait_for(lambda: ray.get(cells["c0"].group_stats.remote())["accepted"].get(v, {}).get(1, 0) >= 1,
+             "c1's first micro-batch")
+    ray.get(cells["c1"].set_role.remote("idle"))
+    metrics = ray.get(step)
+    stats = ray.get(cells["c0"].group_stats.remote())
+    accepted = stats["accepted"][v]
+    assert v not in stats["fallbacks"], f"the step stalled and the core covered it alone: {stats['fallbacks']}"
+    assert accepted.get(0, 0) == 0, f"the core (not in train) computed micro-batches: {accepted}"
+    assert accepted.get(1, 0) + accepted.get(2, 0) == MICRO
+    _equal_to_reference(group, batch, metrics)
+    ray.get(cells["c2"].set_role.remote("rollout"))
+
+
 def test_a_weight_broadcast_reaches_a_rollout_cell_with_the_new_version(group: dict[str, Any]) -> None:
     cells = group["cells"]
     version, state = ray.get(cells["c0"].learner_state.remote())

@@ -157,6 +157,10 @@ class ScheduleResult:
     """``(seconds, train cells at its start)`` of every training step (the learner step and the broadcast)."""
     slot_times: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per execution id: ``waited_s`` (its calls waiting for a slot) and ``held_s`` (holding one), from the router."""
+    step_log: list[dict[str, float]] = field(default_factory=list)
+    """Per training step, seconds since the schedule's start: ``ready`` (a full batch waits and no step runs),
+    ``started``,
+    ``ended`` (the broadcast done), and ``train_cells`` at its start."""
 
     def summary(self) -> dict[str, Any]:
         phases: dict[str, list[float]] = {}
@@ -240,6 +244,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     training: dict[str, Any] = {"thread": None, "started": 0.0, "trained": 0, "steps": 0, "error": None}
     occupancy = dict.fromkeys(("rollout_cell_s", "rollout_slot_s", "rollout_slot_capacity_s", "train_cell_s"), 0.0)
     step_walls: list[tuple[float, int]] = []
+    step_log: list[dict[str, float]] = []
     last_sample: tuple[float, dict[str, str], dict[str, int]] | None = None
     t0 = time.perf_counter()
 
@@ -256,6 +261,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
                 ray.get([core.broadcast_weights.remote([ranks[c] for c in serving]),
                          *[rt.cells[c].receive_weights.remote() for c in serving]])
                 step_walls.append((time.perf_counter() - t_step, train_cells))
+                step_log[-1]["ended"] = time.perf_counter() - t0
         except BaseException as exc:
             training["error"] = exc
 
@@ -276,8 +282,12 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             thread = training["thread"]
             active = thread is not None and thread.is_alive()
             train_cells = [c for c, r in rt.roles.items() if r == "train"]
-            if not active and train_cells and backlog >= min(cfg.batch_size, cfg.executions - training["trained"]):
+            batch_ready = backlog >= min(cfg.batch_size, cfg.executions - training["trained"])
+            if batch_ready and not active and training.get("ready") is None:
+                training["ready"] = now
+            if not active and train_cells and batch_ready:
                 training["started"] = now
+                step_log.append({"ready": training.pop("ready"), "started": now, "train_cells": len(train_cells)})
                 thread = threading.Thread(target=train_step, args=(len(train_cells),), daemon=True)
                 training["thread"] = thread
                 thread.start()
@@ -330,7 +340,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         occupancy["train_device_s"] = trained_micro_batches * cfg.train_microbatch_s
         return ScheduleResult(schedule, wall, training["steps"], outcomes, timeline,
                               [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
-                              final, final_version, occupancy, step_walls, slot_times)
+                              final, final_version, occupancy, step_walls, slot_times, step_log)
     finally:
         pool.close()
         ray.get(core.close_learner.remote())

@@ -21,8 +21,11 @@ Any cell in the ``train`` role claims micro-batches from the counter ``claim/<ve
 (``[PULL]`` → version + flat parameters), claims the rest of the *running* step's micro-batches and
 sends ``[GRAD, rank, version, index]`` + the flat gradient. The core accepts a gradient only for the
 open version and an uncovered micro-batch; a stale snapshot's gradient is refused (counted) and its
-micro-batch computed by someone else. A satellite leaving train between two micro-batches releases
-the one it claimed. The core computes micro-batches itself only while it is in train, or when no
+micro-batch computed by someone else. A member checks its role before each claim and finishes a
+micro-batch it claimed (a device finishes the kernel it runs); one claimed as its role changed is released
+to the group's *redo queue* (``redo/<version>/<k>`` in the store, taken with ``compare_set``), which every
+train member, satellites included, drains before the claim counter, so a released micro-batch never
+waits for the core. The core computes micro-batches itself only while it is in train, or when no
 contribution arrived for ``stall_timeout_s`` (then it covers the rest alone).
 
 New weights reach rollout cells by a versioned broadcast in buckets: the core sends a header
@@ -86,6 +89,8 @@ class GroupStats:
     """The version of the step running now (-1: none)."""
     covered: int = 0
     """Micro-batches covered so far in the running step."""
+    fallbacks: dict[int, float] = field(default_factory=dict)
+    """Per version whose step stalled: seconds from the step's start until the core covered the rest alone."""
 
 
 def micro_split(targets: LossTargets, micro_batches: int) -> tuple[list[torch.Tensor], list[float]]:
@@ -135,6 +140,7 @@ class GroupMember:
         self.store: Any = None
         self.stats = GroupStats()
         self.sent = 0
+        self._claims = 0
         self.trainer: GroupSAOTrainer | None = None
         self._inbox: queue.Queue[tuple[tuple[int, int, int, int], torch.Tensor | None]] = queue.Queue()
         self._snapshot: tuple[int, torch.Tensor] | None = None
@@ -200,7 +206,7 @@ class GroupMember:
             self._snapshot = (self.trainer.torch_backend.policy_version, self._flat_params())
 
     def _handle(self, msg: tuple[tuple[int, int, int, int], torch.Tensor | None], version: int,
-                accum: torch.Tensor, covered: set[int], redo: list[int]) -> None:
+                accum: torch.Tensor, covered: set[int]) -> None:
         (kind, rank, sent_version, index), grad = msg
         if kind == GRAD and grad is not None:
             if sent_version == version and 0 <= index < self.spec.micro_batches and index not in covered:
@@ -214,7 +220,26 @@ class GroupMember:
         elif kind == RELEASE:
             self.stats.released.append((version, rank, index))
             if sent_version == version and index not in covered:
-                redo.append(index)
+                self._publish_redo(version, index)
+
+    # -- claims: a released micro-batch first (any train member takes it), then the step's counter ---------
+    def _publish_redo(self, version: int, index: int) -> None:
+        """Core: put released micro-batch ``index`` of step ``version`` on the group's redo queue."""
+        k = int(self.store.add(f"redo_n/{version}", 1)) - 1
+        self.store.set(f"redo_index/{version}/{k}", str(index))
+        self.store.set(f"redo/{version}/{k}", "open")
+
+    def _claim(self, version: int, *, counter: bool = True) -> int | None:
+        """The next micro-batch of step ``version`` for this member: an open entry of the redo queue (taken
+        atomically with ``compare_set``), else the step's claim counter (≥ ``micro_batches``: none left);
+        ``None`` when the queue has nothing open and ``counter`` is False."""
+        for k in range(int(self.store.add(f"redo_n/{version}", 0))):
+            # compare_set returns the value after it: ours only if this call swapped "open" for it
+            self._claims += 1
+            me = f"rank-{self.spec.rank}-{self._claims}"
+            if self.store.compare_set(f"redo/{version}/{k}", "open", me) == me.encode():
+                return int(self.store.get(f"redo_index/{version}/{k}"))
+        return int(self.store.add(f"claim/{version}", 1)) - 1 if counter else None
 
     def run_step(self, batch: TreeBatch, targets: LossTargets, config: LearnerConfig) -> dict[str, float]:
         """Core: one joint update of ``batch`` over the group's micro-batches; returns the update's metrics."""
@@ -232,10 +257,10 @@ class GroupMember:
             self.store.set("open", str(version))
             accum = torch.zeros_like(self._flat_params())
             covered: set[int] = set()
-            redo: list[int] = []
+            redo: list[int] = []  # the core's own list once the step stalled: every uncovered micro-batch
             self.stats.accepted.setdefault(version, {})
-            last = time.monotonic()
-            fallback = False
+            last = started = time.monotonic()
+            fallback = exhausted = False
             while len(covered) < m:
                 try:
                     msg = self._inbox.get_nowait()
@@ -243,31 +268,36 @@ class GroupMember:
                     msg = None
                 if msg is not None:
                     before = len(covered)
-                    self._handle(msg, version, accum, covered, redo)
+                    self._handle(msg, version, accum, covered)
                     if len(covered) > before:
                         last = time.monotonic()
                         self.stats.covered = len(covered)
                     self.store.set(f"progress/{version}", str(len(covered)))
                     continue
-                fallback = fallback or time.monotonic() - last > self.spec.stall_timeout_s
+                if not fallback and time.monotonic() - last > self.spec.stall_timeout_s:
+                    fallback = True
+                    self.stats.fallbacks[version] = time.monotonic() - started
                 if self.role() != "train" and not fallback:
                     time.sleep(0.002)
                     continue
-                index = redo.pop() if redo else int(self.store.add(f"claim/{version}", 1)) - 1
-                if index < m and index not in covered:
+                claimed = redo.pop() if redo else self._claim(version, counter=not exhausted)
+                if claimed is None or claimed >= m:  # counter spent, redo queue empty: wait, or cover the rest
+                    exhausted = True
+                    if fallback:
+                        redo.extend(i for i in range(m) if i not in covered and i not in redo)
+                    else:
+                        time.sleep(0.002)
+                    continue
+                if claimed not in covered:
                     t0 = time.monotonic()
-                    accum += micro_gradient(model, batch, targets, config, masks[index], shares[index])
+                    accum += micro_gradient(model, batch, targets, config, masks[claimed], shares[claimed])
                     self.clock.charge(self.costs().train_microbatch_s, t0)
-                    covered.add(index)
+                    covered.add(claimed)
                     acc = self.stats.accepted[version]
                     acc[0] = acc.get(0, 0) + 1
                     last = time.monotonic()
                     self.stats.covered = len(covered)
                     self.store.set(f"progress/{version}", str(len(covered)))
-                elif index >= m and fallback:
-                    redo.extend(i for i in range(m) if i not in covered and i not in redo)
-                elif index >= m:
-                    time.sleep(0.002)
             self.stats.progress[version] = len(covered)
             self._open = self.stats.open = -1
             self.store.set("open", "-1")
@@ -333,19 +363,32 @@ class GroupMember:
             done.add(version)
             batch, targets, config, masks, shares = pickle.loads(self.store.get(f"batch/{version}"))
             torch.nn.utils.vector_to_parameters(flat, model.parameters())
-            while True:
-                index = int(self.store.add(f"claim/{version}", 1)) - 1
-                if index >= len(masks):
-                    break
-                if self.role() != "train":
-                    dist.send(_header(RELEASE, self.spec.rank, version, index), dst=0, tag=TAG_HEADER)
-                    return
-                t0 = time.monotonic()
-                grad = micro_gradient(model, batch, targets, config, masks[index], shares[index])
-                self.clock.charge(self.costs().train_microbatch_s, t0)
-                dist.send(_header(GRAD, self.spec.rank, version, index), dst=0, tag=TAG_HEADER)
-                dist.send(grad, dst=0, tag=TAG_GRAD)
-                self.sent += 1
+            self._satellite_step(model, version, batch, targets, config, masks, shares)
+
+    def _satellite_step(self, model: TinyActorCritic, version: int, batch: TreeBatch, targets: LossTargets,
+                        config: LearnerConfig, masks: list[torch.Tensor], shares: list[float]) -> None:
+        """Claim and compute micro-batches of step ``version`` while in train and the step is open: the
+        role is checked before each claim and a claimed micro-batch is finished (a device finishes the
+        kernel it runs); one claimed as the role changed is released to the redo queue; once the counter
+        is spent, released micro-batches are still taken until the step closes."""
+        exhausted = False
+        while self.role() == "train" and int(self.store.get("open")) == version:
+            index = self._claim(version, counter=not exhausted)
+            if index is None:
+                time.sleep(0.005)
+                continue
+            if index >= len(masks):
+                exhausted = True
+                continue
+            if self.role() != "train":
+                dist.send(_header(RELEASE, self.spec.rank, version, index), dst=0, tag=TAG_HEADER)
+                return
+            t0 = time.monotonic()
+            grad = micro_gradient(model, batch, targets, config, masks[index], shares[index])
+            self.clock.charge(self.costs().train_microbatch_s, t0)
+            dist.send(_header(GRAD, self.spec.rank, version, index), dst=0, tag=TAG_HEADER)
+            dist.send(grad, dst=0, tag=TAG_GRAD)
+            self.sent += 1
 
     # -- weights ---------------------------------------------------------------------------------------
     def broadcast(self, ranks: list[int]) -> int:
