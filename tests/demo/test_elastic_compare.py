@@ -47,6 +47,15 @@ def test_a_static_schedule_names_its_rollout_cells() -> None:
         schedule_policy("round-robin", 3, 1)
     name, args = schedule_policy("elastic", 3, 0)
     assert (name, args["staleness_bound"]) == ("elastic", 0)
+    # colocate is simulated with the admission the live run gives every schedule
+    assert schedule_policy("colocate", 3, 1) == ("colocate", {"max_staleness": 1})
+    assert schedule_policy("colocate", 3, 0) == ("colocate", {"max_staleness": 0})
+
+
+def test_the_demo_s_micro_batches_divide_evenly_over_every_train_cell_count() -> None:
+    cfg = ElasticDemoConfig()
+    assert cfg.train_step_cell_s == pytest.approx(1.5)
+    assert all(cfg.micro_batches % n == 0 for n in range(1, cfg.cells + 1))
 
 
 def _arm(wall: float, reward: float | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from sapwood.platform.events.cells import CellRole
+from sapwood.scheduler.policies.colocate import ColocatePolicy
 from sapwood.scheduler.policies.common import all_to
 from sapwood.scheduler.policy import Assignment, Decision
 from sapwood.scheduler.signals import Signals
@@ -87,6 +88,16 @@ def test_colocate_is_exempt_from_pinning() -> None:
     assert r.pinned == []
     for cid in core_cells_of(w):
         assert r.role_cell_s[cid]["rollout"] > 0.0
+
+
+def test_colocate_admitting_a_batch_ahead_overlaps_the_next_batch_with_the_tail() -> None:
+    w = preset("small").with_(steps=4, batch_rule="first_finished")  # "exact" batches need bound 0 here
+    sync = simulate(w, "colocate", seed=0)
+    ahead = simulate(w, "colocate", seed=0, max_staleness=1)
+    assert sync.wall_s == simulate(w, "colocate", seed=0, max_staleness=0).wall_s  # 0 is the default
+    assert ahead.wall_s < sync.wall_s
+    with pytest.raises(ValueError, match="max_staleness must be ≥ 0"):
+        ColocatePolicy(max_staleness=-1)
 
 
 @pytest.mark.parametrize("bad", [-1, 8])

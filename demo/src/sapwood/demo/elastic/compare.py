@@ -57,6 +57,10 @@ GOALS = {"elastic_over_best_static": 1.2, "elastic_over_colocate": 1.3, "simulat
 """Issue 26's goals: elastic ≥ 1.2× the best static split and ≥ 1.3× colocate (geometric means over the
 seeds), the simulator's ratios within ±15 % of the live ones, reward rising in every arm."""
 
+INTEGRITY = ("calls_lost", "calls_duplicated", "envs_reset", "executions_missing", "executions_unfinished",
+             "executions_error")
+"""The store checks of every arm (:func:`~sapwood.demo.elastic.driver.store_check`): all 0 in a sound run."""
+
 SIM_SEEDS = 5
 """Simulator runs per calibrated workload (their median wall time is the prediction)."""
 
@@ -190,6 +194,7 @@ def run_compare(cfg: ElasticDemoConfig, seeds: Sequence[int], *,
         row["occupancy"] = {n: {k: s.get(k) for k in ("slot_occupancy", "train_cell_occupancy", "switches",
                                                       "switch_overhead_cell_s")}
                             for n, s in live["schedules"].items()}
+        row["integrity"] = {n: {k: s[k] for k in INTEGRITY} for n, s in live["schedules"].items()}
         workload = calibrated_workload(scfg, results)
         row["calibration"] = {k: v for k, v in workload.to_json().items()
                               if k in ("rollout_p50_s", "slots_per_cell", "train_cell_s_per_step",

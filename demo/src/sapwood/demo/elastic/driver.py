@@ -55,7 +55,7 @@ __all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_sched
 
 POLICY_ARGS: dict[str, dict[str, Any]] = {
     "elastic": {"min_dwell_s": 1.0, "switch_cost_prior_s": 0.2, "hysteresis_slots": 0, "staleness_bound": 1},
-    "colocate": {},
+    "colocate": {"max_staleness": 1},
     "async": {"rollout_fraction": 0.67},
 }
 STATIC_PREFIX = "static-"
@@ -80,8 +80,9 @@ def schedule_policy(schedule: str, cells: int, staleness_bound: int) -> tuple[st
     if schedule not in POLICY_ARGS:
         raise ValueError(f"unknown schedule {schedule!r}: expected elastic, colocate, async or static-R")
     args = dict(POLICY_ARGS[schedule])
-    if "staleness_bound" in args:
-        args["staleness_bound"] = staleness_bound
+    for key in ("staleness_bound", "max_staleness"):  # every schedule admits as the live run does
+        if key in args:
+            args[key] = staleness_bound
     return schedule, args
 
 
@@ -102,10 +103,12 @@ class ElasticDemoConfig:
     staleness_bound: int = 1
     """0 or 1: executions admitted at most ``batch_size × (1 + bound)`` ahead of training, every schedule."""
     batch_extra_s: float = 0.001
-    train_microbatch_s: float = 0.375
-    """Device seconds per trained micro-batch (calibrated: ``docs/scheduler.md``, *Device clocks*)."""
-    micro_batches: int = 4
-    """Micro-batches per training step (the cells claim them)."""
+    train_microbatch_s: float = 0.25
+    """Device seconds per trained micro-batch: the step's 1.5 device seconds over ``micro_batches``
+    (``docs/scheduler.md``, *Device clocks*)."""
+    micro_batches: int = 6
+    """Micro-batches per training step (the cells claim them whole): 6 divides evenly over 1, 2 or 3 train
+    cells, so a step on ``n`` ≤ 3 cells takes ``1 / n`` of its cell-seconds, as the simulator's fluid step does."""
     tick_s: float = 0.1
     grace_s: float = 0.05
     hosts: int = 2
@@ -160,7 +163,8 @@ class ScheduleResult:
     step_log: list[dict[str, float]] = field(default_factory=list)
     """Per training step, seconds since the schedule's start: ``ready`` (a full batch waits and no step runs),
     ``started``,
-    ``ended`` (the broadcast done), and ``train_cells`` at its start."""
+    ``ended`` (the broadcast done), ``train_cells`` at its start, and seconds: ``assembly_s`` (the batch read from
+    the store), ``update_s`` (the SAO step: micro-batches and update), ``broadcast_s`` (the weights broadcast)."""
 
     def summary(self) -> dict[str, Any]:
         phases: dict[str, list[float]] = {}
@@ -258,10 +262,13 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
                 rewards.append(float(metrics.get("learner/rewards_mean", 0.0)))
                 # the new version reaches the serving cells by a versioned broadcast in buckets (gloo)
                 serving = [c for c, r in rt.roles.items() if r == "rollout" and c != core_id]
+                t_cast = time.perf_counter()
                 ray.get([core.broadcast_weights.remote([ranks[c] for c in serving]),
                          *[rt.cells[c].receive_weights.remote() for c in serving]])
                 step_walls.append((time.perf_counter() - t_step, train_cells))
-                step_log[-1]["ended"] = time.perf_counter() - t0
+                step_log[-1].update(ended=time.perf_counter() - t0, broadcast_s=time.perf_counter() - t_cast,
+                                    assembly_s=float(metrics.get("learner/assembly_s", 0.0)),
+                                    update_s=float(metrics.get("learner/step_s", 0.0)))
         except BaseException as exc:
             training["error"] = exc
 
