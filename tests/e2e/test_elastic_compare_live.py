@@ -38,9 +38,10 @@ def test_compare_plays_every_arm_live_and_predicts_it(tmp_path: Path, fresh_ray:
         assert checks == dict.fromkeys(INTEGRITY, 0), arm
     assert row["occupancy"]["static-1"]["switches"] == 0
     assert row["occupancy"]["static-2"]["switches"] == 0
-    assert row["occupancy"]["colocate"]["switches"] >= 2 * cfg.cells  # every cell into train and back, per step
+    # every cell into train at least once (both steps may run in one stint when every execution finished first)
+    assert row["occupancy"]["colocate"]["switches"] >= cfg.cells
     assert row["simulator"]["switches"]["static-1"] == 0
-    assert row["simulator"]["switches"]["colocate"] >= 2 * cfg.cells
+    assert row["simulator"]["switches"]["colocate"] >= cfg.cells
     cal = row["calibration"]
     assert cal["slots_per_cell"] >= cfg.capacity
     assert cal["train_cell_s_per_step"] > 0

@@ -112,6 +112,9 @@ class ElasticDemoConfig:
     tick_s: float = 0.1
     grace_s: float = 0.05
     hosts: int = 2
+    pin_cores: bool = True
+    """Pin each cell to a core of its own where there are ≥ cells + 1 cores (``runtime/core_pinning.py``;
+    not on a 2-core machine with 3 cells: there the device clocks alone keep cells apart)."""
     """Execution hosts (long-lived actors, each playing many executions)."""
     eval_executions: int = 64
     schedules: tuple[str, ...] = ("elastic", "async", "colocate")
@@ -165,6 +168,8 @@ class ScheduleResult:
     ``started``,
     ``ended`` (the broadcast done), ``train_cells`` at its start, and seconds: ``assembly_s`` (the batch read from
     the store), ``update_s`` (the SAO step: micro-batches and update), ``broadcast_s`` (the weights broadcast)."""
+    core_pins: dict[str, int] = field(default_factory=dict)
+    """Cell id → the CPU core it was pinned to (empty: not enough cores to pin)."""
 
     def summary(self) -> dict[str, Any]:
         phases: dict[str, list[float]] = {}
@@ -182,6 +187,7 @@ class ScheduleResult:
             "slot_occupancy": _ratio(occ.get("rollout_slot_s", 0.0), occ.get("rollout_slot_capacity_s", 0.0)),
             "train_cell_occupancy": _ratio(occ.get("train_device_s", 0.0), occ.get("train_cell_s", 0.0)),
             "switch_overhead_cell_s": round(sum(sw["wall_s"] for sw in self.switches), 3),
+            "cores_pinned": len(self.core_pins),
             "execution_p50_s": _quantile([o.finished_at - o.started_at for o in self.outcomes], 0.5),
             **self.store_check,
             "train_reward_first_third": round(float(np.mean(self.rewards[:third])), 4) if self.rewards else None,
@@ -225,7 +231,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
              for i, cid in enumerate(ids)]
     rt = ElasticRuntime(url, specs, model_cfg, state0, seed=cfg.seed, grace_s=cfg.grace_s,
                         policy_source=lambda: latest_policy(store, train_run), policy_name=schedule,
-                        device_costs=cfg.device_costs())
+                        device_costs=cfg.device_costs(), pin_cores=cfg.pin_cores)
     ranks = rt.join_learner_group(micro_batches=cfg.micro_batches)
     core_id = ids[0]
     core = rt.cells[core_id]  # the learner lives on the core cell: optimizer, policy version, claims, commits
@@ -347,7 +353,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         occupancy["train_device_s"] = trained_micro_batches * cfg.train_microbatch_s
         return ScheduleResult(schedule, wall, training["steps"], outcomes, timeline,
                               [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
-                              final, final_version, occupancy, step_walls, slot_times, step_log)
+                              final, final_version, occupancy, step_walls, slot_times, step_log, dict(rt.core_pins))
     finally:
         pool.close()
         ray.get(core.close_learner.remote())

@@ -102,6 +102,7 @@ class Cell:
         self.held = 0
         self.kv = KVStore(kv_cache_bytes)
         self.served = 0
+        self.core: int | None = None  # the CPU core this cell is pinned to, if any
         self.aborted = 0
         self.unreleased_aborts = 0
         self.prefix_hits = 0
@@ -426,9 +427,18 @@ class Cell:
         if self.group is not None:
             self.group.on_role(role)
 
+    def pin_to_core(self, core: int) -> list[int]:
+        """Pin this cell's process (every thread) to ``core`` (``runtime/core_pinning.py``); returns the
+        cores its threads may run on afterwards."""
+        from sapwood.scheduler.runtime.core_pinning import pin_process
+
+        self.core = core
+        return sorted(pin_process(core))
+
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {"cell_id": self.cell_id, "role": self.role, "tier": self.tier, "capacity": self.capacity,
+            return {"cell_id": self.cell_id, "role": self.role, "core": self.core, "tier": self.tier,
+                    "capacity": self.capacity,
                     "in_flight": len(self._calls), "draining": self.draining, "served": self.served,
                     "aborted": self.aborted, "unreleased_aborts": self.unreleased_aborts,
                     "prefix_hits": self.prefix_hits, "reused_tokens": self.reused_tokens,

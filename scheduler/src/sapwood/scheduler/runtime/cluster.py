@@ -19,6 +19,7 @@ from sapwood.platform.storage.run_record import CallCounts, ExecutionRecord
 from sapwood.scheduler.decisions import DecisionRecorder
 from sapwood.scheduler.runtime.cell import RELEASE_WAIT_S, Cell
 from sapwood.scheduler.runtime.cell_learner import GroupSpec
+from sapwood.scheduler.runtime.core_pinning import core_plan
 from sapwood.scheduler.runtime.device_clock import DeviceCosts
 from sapwood.scheduler.runtime.router import Router
 from sapwood.scheduler.runtime.store_writer import StoreWriter, StoreWriterSink
@@ -82,7 +83,7 @@ class ElasticRuntime:
                  version: int = 0, seed: int = 0, decode_delay_s: float = 0.0, grace_s: float = 0.5,
                  policy_source: PolicySource | None = None, policy_name: str = "manual",
                  actor_prefix: str | None = None, device_costs: DeviceCosts | None = None,
-                 release_wait_s: float = RELEASE_WAIT_S) -> None:
+                 release_wait_s: float = RELEASE_WAIT_S, pin_cores: bool = False) -> None:
         if len({s.cell_id for s in specs}) != len(specs):
             raise ValueError(f"cell ids must be unique, got {[s.cell_id for s in specs]}")
         named = (lambda what: {"name": f"{actor_prefix}-{what}", "lifetime": "detached"}) if actor_prefix else (
@@ -108,6 +109,16 @@ class ElasticRuntime:
                                           metadata={"engine": "local-torch", "runtime": "ray"}))
             self.recorder.assignment(s.cell_id, s.role, "idle", reason="initial")
         ray.get([c.status.remote() for c in self.cells.values()])  # wait until every cell is up
+        #: cell id → the CPU core it is pinned to (``pin_cores`` and enough cores: ``runtime/core_pinning.py``)
+        self.core_pins: dict[str, int] = {}
+        plan = core_plan(len(specs)) if pin_cores else None
+        if plan is not None:
+            pinned = ray.get([self.cells[s.cell_id].pin_to_core.remote(core) for s, core in zip(specs, plan,
+                                                                                             strict=True)])
+            for s, core, got in zip(specs, plan, pinned, strict=True):
+                if got != [core]:
+                    raise RuntimeError(f"cell {s.cell_id}: pinned to core {core}, its threads run on {got}")
+                self.core_pins[s.cell_id] = core
         ray.get([self.router.add_cell.remote(s.cell_id, self.cells[s.cell_id], s.capacity, s.role) for s in specs])
         self.recorder.flush()
         self.coordinator = SwitchCoordinator(self.cells, self.roles, self.router, self.recorder,
