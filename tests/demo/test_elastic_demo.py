@@ -55,3 +55,24 @@ def test_the_staleness_bound_reaches_the_demo_s_config(monkeypatch: pytest.Monke
         assert json.loads(result.output.strip().splitlines()[-1]) == {"config": {"staleness_bound": bound}}
     assert [c.staleness_bound for c in seen] == [0, 1]
     assert seen[0].workload().staleness_bound == 0
+
+
+def test_the_learner_backend_reaches_the_demo_s_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--backend`` picks the train cells' learner replicas (``ElasticDemoConfig.learner_backend``)."""
+    from sapwood.demo.elastic import driver
+
+    seen: list[str] = []
+
+    def record(cfg: driver.ElasticDemoConfig, **_: Any) -> dict[str, Any]:
+        seen.append(cfg.learner_backend)
+        return {}
+
+    monkeypatch.setattr(driver, "run_elastic_demo", record)
+    for backend in ("torch", "megatron"):
+        result = CliRunner().invoke(app, ["demo", "--elastic", "--backend", backend, "--quiet"])
+        assert result.exit_code == 0, result.output
+    assert seen == ["torch", "megatron"]
+    bad = CliRunner().invoke(app, ["demo", "--elastic", "--backend", "jax", "--quiet"], env={"COLUMNS": "200"})
+    assert bad.exit_code == 2
+    assert "--backend must be one of torch, megatron, got 'jax'" in bad.output
+    assert seen == ["torch", "megatron"], "a rejected backend runs nothing"

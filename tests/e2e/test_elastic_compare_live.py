@@ -3,7 +3,6 @@ store checks, the calibrated simulator beside the live walls, the role changes e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,19 +13,13 @@ ray = pytest.importorskip("ray")
 from sapwood.demo.elastic.compare import INTEGRITY, run_compare  # noqa: E402
 from sapwood.demo.elastic.driver import ElasticDemoConfig  # noqa: E402
 from sapwood.demo.pretrain import PretrainConfig  # noqa: E402
+from tests.support.elastic_runtime import fresh_ray  # noqa: E402, F401
 
 ARMS = {"elastic", "static-1", "static-2", "colocate"}
 
 
-@pytest.fixture()
-def fresh_ray() -> Iterator[None]:
-    if ray.is_initialized():
-        ray.shutdown()
-    yield
-    ray.shutdown()
-
-
-def test_compare_plays_every_arm_live_and_predicts_it(tmp_path: Path, fresh_ray: None) -> None:
+@pytest.mark.usefixtures("fresh_ray")
+def test_compare_plays_every_arm_live_and_predicts_it(tmp_path: Path) -> None:
     cfg = ElasticDemoConfig(executions=16, eval_executions=8, out_dir=tmp_path,
                             pretrain=replace(PretrainConfig(), max_clean_steps=3, min_clean_steps=3))
     summary = run_compare(cfg, [0])

@@ -107,6 +107,19 @@ def test_tensor_parallel_two_ranks_equal_one_rank(
     assert_same_run(got, single["token"], "token")
 
 
+def test_a_replica_that_is_not_data_parallel_trains_alone_in_a_larger_world(
+    tmp_path: Path, single: dict[str, Run]
+) -> None:
+    """``data_parallel=False`` (the core cell's replica): rank 0 of a 2-rank world trains the whole batch
+    while rank 1 takes no part; its steps equal the one-rank run (a reduction over the world would wait
+    for rank 1 and fail on the timeout)."""
+    got = spawn("alone", "token", tmp_path)
+    where = got["layout"]
+    assert isinstance(where, ParallelLayout)
+    assert where.data_parallel == 2, "the world's data-parallel size is 2; the replica ignores it"
+    assert_same_run(got, single["token"], "token")
+
+
 def test_shards_partition_the_batch_by_execution() -> None:
     batch = near_policy_batch(tiny_model(SEED), SEED * 100, num_executions=EXECUTIONS)
     parts = [shard_by_execution(batch, r, 2) for r in range(2)]

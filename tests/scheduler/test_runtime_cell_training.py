@@ -22,7 +22,12 @@ from sapwood.learner.trainer import SAOTrainer  # noqa: E402
 from sapwood.scheduler.runtime.cell_learner import GroupSpec, micro_gradient, micro_split  # noqa: E402
 from sapwood.scheduler.runtime.cluster import CellActor, init_ray  # noqa: E402
 from sapwood.scheduler.runtime.device_clock import DeviceCosts  # noqa: E402
-from tests.support.megatron_ranks import model_config, near_policy_batch, parallel_config  # noqa: E402
+from tests.support.megatron_ranks import (  # noqa: E402
+    model_config,
+    near_policy_batch,
+    parallel_config,
+    require_megatron,
+)
 
 CONFIG = replace(parallel_config(), critic=CriticConfig(warmup_steps=0, catchup_max_steps=0))
 MICRO = 4
@@ -45,9 +50,14 @@ def wait_for(cond: Callable[[], bool], what: str, timeout: float = 300.0) -> Non
         time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def group() -> Iterator[dict[str, Any]]:
-    """Three cells in one gloo group: c0 the core (idle), c1 a would-be satellite (idle), c2 serving."""
+@pytest.fixture(scope="module", params=["torch", "megatron"])
+def group(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """Three cells in one gloo group: c0 the core (idle), c1 a would-be satellite (idle), c2 serving; the
+    replicas on the torch backend or on megatron-core (``GroupSpec.learner_backend``). Either way the
+    reference is the one-process ``TorchBackend`` step: the megatron model computes the same function."""
+    backend = request.param
+    if backend == "megatron":
+        require_megatron()
     init_ray(num_cpus=2)
     roles = {"c0": "idle", "c1": "idle", "c2": "rollout"}
     cells = {cid: CellActor.options(max_concurrency=8).remote(cid, model_config(), _state(), role=role)
@@ -55,12 +65,13 @@ def group() -> Iterator[dict[str, Any]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.get([cells[c].join_group.remote(GroupSpec(port, r, 3, micro_batches=MICRO, stall_timeout_s=2.0))
+    ray.get([cells[c].join_group.remote(GroupSpec(port, r, 3, micro_batches=MICRO, stall_timeout_s=2.0,
+                                                    learner_backend=backend))
              for r, c in enumerate(cells)])
     ray.get(cells["c0"].start_trainer.remote(CONFIG, _state(), 0))
-    backend = TorchBackend(TinyActorCritic(model_config()), CONFIG.optim, critic_grad_clip=CONFIG.critic.grad_clip)
-    backend.model.load_state_dict(_state())
-    yield {"cells": cells, "reference": SAOTrainer(backend, CONFIG)}
+    reference = TorchBackend(TinyActorCritic(model_config()), CONFIG.optim, critic_grad_clip=CONFIG.critic.grad_clip)
+    reference.model.load_state_dict(_state())
+    yield {"cells": cells, "reference": SAOTrainer(reference, CONFIG), "backend": backend}
     for c in cells.values():
         ray.kill(c)
     ray.shutdown()
@@ -81,6 +92,13 @@ def _equal_to_reference(group: dict[str, Any], batch: Any, metrics: dict[str, fl
         close += int(torch.isclose(state[k], v, rtol=1e-4, atol=1e-6).sum())
         total += v.numel()
     assert close >= 0.99 * total, f"only {close} of {total} parameters equal the one-process step's"
+
+
+def test_the_core_holds_a_replica_of_the_groups_backend(group: dict[str, Any]) -> None:
+    cells = group["cells"]
+    want = {"torch": "TorchBackend", "megatron": "MegatronBackend"}[group["backend"]]
+    assert ray.get(cells["c0"].group_stats.remote())["replica"] == want
+    assert ray.get(cells["c1"].group_stats.remote())["replica"] is None, "only the core holds the optimizer"
 
 
 def test_micro_batch_gradients_sum_to_the_whole_batchs_gradient() -> None:

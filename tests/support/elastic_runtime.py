@@ -11,7 +11,7 @@ import pytest
 from sapwood.demo.elastic.small_runtime import TASK, Background, initial_state, model_config, tasks
 from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
 
-__all__ = ["TASK", "Background", "initial_state", "local_ray", "model_config", "start_runtime", "tasks"]
+__all__ = ["TASK", "Background", "fresh_ray", "initial_state", "local_ray", "model_config", "start_runtime", "tasks"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,6 +20,17 @@ def local_ray() -> Iterator[None]:
     import ray
 
     init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture()
+def fresh_ray() -> Iterator[None]:
+    """No Ray running before the test (the demo starts its own) and none after it."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
     yield
     ray.shutdown()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -90,8 +91,10 @@ def run_steps(rank: int, world: int, mode: str, aggregation: str, seed: int) -> 
     """Gradients on the first batch, then ``STEPS`` SAO steps of a float64 ``MegatronBackend``.
 
     ``mode``: ``"dp"`` (rank r trains executions r, r + world, ...), ``"tp"`` (every rank the whole
-    batch, the model sharded) or ``"single"`` (one rank, whole batch). Returns the full first-batch
-    gradients and loss, the final weights in ``TinyActorCritic`` layout and the metrics of every step.
+    batch, the model sharded), ``"single"`` (one rank, whole batch) or ``"alone"`` (rank 0 of a larger
+    world trains the whole batch with ``data_parallel=False``, as the core cell's replica does). Returns the
+    full first-batch gradients and loss, the final weights in ``TinyActorCritic`` layout and the metrics of
+    every step.
     """
     from sapwood.learner.megatron_backend import MegatronBackend
     from sapwood.learner.shard import shard_by_execution
@@ -100,7 +103,7 @@ def run_steps(rank: int, world: int, mode: str, aggregation: str, seed: int) -> 
     tiny = tiny_model(seed)
     cfg = parallel_config(aggregation)
     backend = MegatronBackend.from_config(model_config(), cfg, dtype=torch.float64, init_state=tiny.state_dict(),
-                                          tensor_parallel=2 if mode == "tp" else 1)
+                                          tensor_parallel=2 if mode == "tp" else 1, data_parallel=mode != "alone")
     batch, targets = first_batch(tiny, cfg, seed)
     local = batch
     if mode == "dp":
@@ -126,11 +129,20 @@ def rank_main(rank: int, world: int, port: int, mode: str, aggregation: str, see
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # a bounded timeout: a collective that waits for a rank that never joins it fails instead of hanging
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
     try:
         from sapwood.learner.megatron_parallel import layout, teardown_parallel
 
-        result = run_steps(rank, world, mode, aggregation, seed)
+        if mode == "alone" and rank:  # a rank that is not the replica's data-parallel peer: it only waits
+            from sapwood.learner.megatron_parallel import init_parallel
+
+            init_parallel(1)  # megatron's groups are created by every rank of the world
+            result: dict[str, object] = {}
+        else:
+            result = run_steps(rank, world, mode, aggregation, seed)
+        dist.barrier()
         where = layout()
         if rank == 0:
             torch.save({**result, "layout": where}, Path(out))

@@ -174,7 +174,8 @@ def demo(
     max_backlog: Annotated[int, typer.Option(help="workers pause at this many untrained executions")] = 16,
     threads: Annotated[int, typer.Option(help="torch CPU threads")] = 1,
     quiet: Annotated[bool, typer.Option(help="no progress bars or tables, only the JSON line")] = False,
-    backend: Annotated[str, typer.Option(help="learner backend: torch | megatron")] = "torch",
+    backend: Annotated[str, typer.Option(help="learner backend: torch | megatron (with --elastic: the train "
+                                         "cells' replicas)")] = "torch",
     elastic: Annotated[bool, typer.Option(help="the elastic runtime on Ray instead: cells moved by the scheduler, "
                                           "against a static split and a colocated schedule")] = False,
     cells: Annotated[int, typer.Option(help="--elastic: cells (Ray actors)")] = 3,
@@ -203,7 +204,7 @@ def demo(
 
         elastic_demo(seed=seed, cells=cells, executions=elastic_executions, out_dir=out_dir, quiet=quiet,
                      ray_address=ray_address, console=console, staleness_bound=staleness_bound,
-                     compare_seeds=compare_seeds if compare else None)
+                     compare_seeds=compare_seeds if compare else None, learner_backend=backend)
         return
     if compare:
         raise typer.BadParameter("--compare compares the elastic runtime's schedules: use it with --elastic")

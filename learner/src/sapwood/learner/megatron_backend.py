@@ -69,6 +69,9 @@ class MegatronBackend(ActorCriticBackend):
         init_state: initial weights as a ``TinyActorCritic`` state dict (e.g. a ``TorchBackend``
             model's, or a pre-trained policy); None: megatron's initialization seeded by ``seed``.
         seed: seed of megatron's initialization (the same on every rank, so shards agree).
+        data_parallel: False: this replica trains alone whatever the world's size (no gradient or metric
+            reduction; a caller combines its gradients, as the learner group on the cells does with
+            micro-batches); its world's data-parallel ranks are not its peers.
     """
 
     def __init__(
@@ -84,10 +87,13 @@ class MegatronBackend(ActorCriticBackend):
         fork_weighting: ForkWeighting = "path",
         init_state: dict[str, Tensor] | None = None,
         seed: int = 0,
+        data_parallel: bool = True,
     ) -> None:
         if aggregation not in ("token", "segment_mean"):
             raise ConfigError(f"aggregation must be 'token' or 'segment_mean', got {aggregation!r}")
         self.layout = init_parallel(tensor_parallel)
+        self._dp = self.layout.data_parallel if data_parallel else 1
+        """Ranks this backend's gradients and metrics are reduced over (1: none)."""
         ps = megatron_parallel_state()
         self._tp_group = ps.get_tensor_model_parallel_group()
         self._dp_group = ps.get_data_parallel_group()
@@ -146,7 +152,7 @@ class MegatronBackend(ActorCriticBackend):
         share = self._dp_share(batch)
         (loss * share).backward()
         metrics = self._dp_metrics({**metrics, "train/loss": loss.detach()}, share)
-        if self.layout.data_parallel > 1:
+        if self._dp > 1:
             self._reduce_grads([*self._actor_params, *self._critic_params])
         return metrics
 
@@ -182,7 +188,7 @@ class MegatronBackend(ActorCriticBackend):
     # ------------------------------------------------------------- parallel
     def _dp_share(self, batch: TreeBatch) -> float:
         """This rank's share of the global loss denominator (1 without data parallelism)."""
-        dp = self.layout.data_parallel
+        dp = self._dp
         if dp == 1:
             return 1.0
         den = torch.tensor([loss_denominator(batch, self.aggregation, self.fork_weighting)], dtype=torch.float64)
@@ -193,7 +199,7 @@ class MegatronBackend(ActorCriticBackend):
         """Floats of the metrics (read back in one transfer); under data parallelism their share-weighted
         sums over the ranks (same keys on every rank)."""
         floats = metric_floats(metrics)
-        if self.layout.data_parallel == 1:
+        if self._dp == 1:
             return floats
         keys = sorted(floats)
         vals = torch.tensor([floats[k] * share for k in keys], dtype=torch.float64)

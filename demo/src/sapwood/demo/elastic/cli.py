@@ -18,7 +18,7 @@ ROWS = (("wall_s", "wall time (s)"), ("steps", "training steps"), ("switches", "
 
 def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None, quiet: bool,
                  ray_address: str | None, console: Console, staleness_bound: int = 1,
-                 compare_seeds: int | None = None) -> None:
+                 compare_seeds: int | None = None, learner_backend: str = "torch") -> None:
     """Run every schedule on the same seeds and print the comparison (the JSON line last); with
     ``compare_seeds``, the live comparison on seeds ``seed`` … ``seed + compare_seeds − 1``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,8 +33,12 @@ def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None
                                  f"{staleness_bound}")
     if compare_seeds is not None and compare_seeds < 1:
         raise typer.BadParameter(f"--compare-seeds must be ≥ 1 (the goals need 3), got {compare_seeds}")
+    from sapwood.scheduler.runtime.cell_learner import LEARNER_BACKENDS
+
+    if learner_backend not in LEARNER_BACKENDS:
+        raise typer.BadParameter(f"--backend must be one of {', '.join(LEARNER_BACKENDS)}, got {learner_backend!r}")
     cfg = ElasticDemoConfig(seed=seed, cells=cells, executions=executions, out_dir=out_dir,
-                            staleness_bound=staleness_bound)
+                            staleness_bound=staleness_bound, learner_backend=learner_backend)
     progress = None if quiet else Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                            TimeElapsedColumn(), console=console)
     bars: dict[str, Any] = {}

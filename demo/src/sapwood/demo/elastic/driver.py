@@ -112,10 +112,12 @@ class ElasticDemoConfig:
     tick_s: float = 0.1
     grace_s: float = 0.05
     hosts: int = 2
+    """Execution hosts (long-lived actors, each playing many executions)."""
     pin_cores: bool = True
     """Pin each cell to a core of its own where there are ≥ cells + 1 cores (``runtime/core_pinning.py``;
     not on a 2-core machine with 3 cells: there the device clocks alone keep cells apart)."""
-    """Execution hosts (long-lived actors, each playing many executions)."""
+    learner_backend: str = "torch"
+    """The train cells' learner replicas: ``"torch"`` or ``"megatron"`` (megatron-core on the CPU)."""
     eval_executions: int = 64
     schedules: tuple[str, ...] = ("elastic", "async", "colocate")
     out_dir: Path | None = None
@@ -152,7 +154,7 @@ class ScheduleResult:
     timeline: list[tuple[float, dict[str, str]]]
     switches: list[dict[str, Any]]
     router: dict[str, Any]
-    store_check: dict[str, int]
+    store_check: dict[str, Any]
     rewards: list[float]
     final_state: dict[str, torch.Tensor]
     final_version: int
@@ -232,7 +234,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     rt = ElasticRuntime(url, specs, model_cfg, state0, seed=cfg.seed, grace_s=cfg.grace_s,
                         policy_source=lambda: latest_policy(store, train_run), policy_name=schedule,
                         device_costs=cfg.device_costs(), pin_cores=cfg.pin_cores)
-    ranks = rt.join_learner_group(micro_batches=cfg.micro_batches)
+    ranks = rt.join_learner_group(micro_batches=cfg.micro_batches, learner_backend=cfg.learner_backend)
     core_id = ids[0]
     core = rt.cells[core_id]  # the learner lives on the core cell: optimizer, policy version, claims, commits
     lcfg = dcfg.learner_config()
@@ -341,12 +343,13 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         outcomes += pool.poll(timeout_s=30) if pool.running else []
         router_stats = ray.get(rt.router.stats.remote())
         slot_times = ray.get(rt.router.session_times.remote())
-        check = store_check(rt, outcomes)
+        check: dict[str, Any] = {**store_check(rt, outcomes)}
         final_version, final = ray.get(core.learner_state.remote())
         group = ray.get(core.group_stats.remote())
         check["satellite_micro_batches"] = sum(n for per in group["accepted"].values() for r, n in per.items() if r)
         check["core_micro_batches"] = sum(per.get(0, 0) for per in group["accepted"].values())
         check["stale_refused"] = len(group["refused"])
+        check["learner_replica"] = group["replica"]
         if last_sample is not None:
             _accumulate(occupancy, wall - last_sample[0], last_sample[1], last_sample[2], cfg.capacity)
         trained_micro_batches = sum(n for per in group["accepted"].values() for n in per.values())

@@ -376,9 +376,8 @@ class Cell:
             self._learner = None
 
     def learner_state(self) -> tuple[int, dict[str, Any]]:
-        """Core: ``(version, model state_dict)`` of the learner replica."""
-        backend = self.group.trainer.backend
-        return backend.policy_version, {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+        """Core: ``(version, weights in TinyActorCritic layout)`` of the learner replica."""
+        return self.group.trainer.backend.policy_version, self.group.serving_state()
 
     def broadcast_weights(self, ranks: list[int]) -> int:
         """Core: send the newest weights to ``ranks`` in buckets (each calls :meth:`receive_weights`); a core
@@ -396,12 +395,15 @@ class Cell:
 
     def group_stats(self) -> dict[str, Any]:
         """The group's view from this cell: the core's accepted / refused / released (stale gradients that
-        arrived between steps are refused first), gradients sent by this cell."""
+        arrived between steps are refused first), gradients sent by this cell, and the class of the
+        learner replica's backend (None on a cell that holds none)."""
         import dataclasses
 
         if self.group.is_core:
             self.group.refuse_pending()
-        return {**dataclasses.asdict(self.group.stats), "sent": self.group.sent}
+        trainer = self.group.trainer
+        replica = None if trainer is None else type(trainer.group_backend).__name__
+        return {**dataclasses.asdict(self.group.stats), "sent": self.group.sent, "replica": replica}
 
     def load_from_core(self, core: Any) -> tuple[int, float]:
         """Take the authoritative parameters from core cell ``core``; returns ``(version, seconds)``."""

@@ -28,6 +28,13 @@ train member, satellites included, drains before the claim counter, so a release
 waits for the core. The core computes micro-batches itself only while it is in train, or when no
 contribution arrived for ``stall_timeout_s`` (then it covers the rest alone).
 
+The learner replicas are ``TorchBackend`` ``TinyActorCritic`` models, or with ``GroupSpec.learner_backend
+= "megatron"`` megatron-core ``MegatronActorCritic`` models trained by a ``MegatronBackend`` (every cell
+starts megatron's parallel state on the group's world with tensor parallel 1, and the core's backend does
+not reduce over that world: the micro-batch gradients are the group's data parallelism). Snapshots and
+gradients are flat vectors in the replica's own parameter order; weights leave the group in
+``TinyActorCritic`` layout (:meth:`GroupMember.serving_state`), which rollout cells serve.
+
 New weights reach rollout cells by a versioned broadcast in buckets: the core sends a header
 ``[WEIGHTS, version, buckets, numel]`` and the flat ``state_dict`` in buckets of ``bucket_numel``
 floats to each receiving rank (tag 4); each receiver loads them as that version.
@@ -46,16 +53,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import LearnerConfig
 from sapwood.learner.losses import metric_floats
-from sapwood.learner.model import TinyActorCritic, TorchBackend, tree_forward
+from sapwood.learner.model import ActorCriticBackend, TinyActorCritic, TorchBackend, tree_forward
 from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
 from sapwood.scheduler.runtime.device_clock import DeviceClock, DeviceCosts
 from sapwood.scheduler.runtime.learners import GRAD, LEAVE, PULL, RELEASE, TAG_GRAD, TAG_HEADER, TAG_SNAPSHOT
 
-__all__ = ["GroupMember", "GroupSAOTrainer", "GroupSpec", "GroupStats", "micro_gradient", "micro_split"]
+__all__ = ["LEARNER_BACKENDS", "GroupMember", "GroupSAOTrainer", "GroupSpec", "GroupStats", "micro_gradient",
+           "micro_split"]
+
+LEARNER_BACKENDS = ("torch", "megatron")
 
 WEIGHTS = 5
 TAG_WEIGHTS = 4
@@ -73,6 +84,12 @@ class GroupSpec:
     bucket_numel: int = 1 << 14
     """Floats per weight-broadcast bucket (64 KiB of float32)."""
     timeout_s: float = 3600.0
+    learner_backend: str = "torch"
+    """The replicas' backend: ``"torch"`` or ``"megatron"`` (megatron-core on the CPU, tensor parallel 1)."""
+
+    def __post_init__(self) -> None:
+        if self.learner_backend not in LEARNER_BACKENDS:
+            raise ValueError(f"learner_backend must be one of {LEARNER_BACKENDS}, got {self.learner_backend!r}")
 
 
 @dataclass
@@ -157,12 +174,24 @@ class GroupMember:
                                    timeout=timeout)
         dist.init_process_group("gloo", store=self.store, rank=self.spec.rank, world_size=self.spec.world,
                                 timeout=timeout)
+        if self.spec.learner_backend == "megatron":  # a collective: every rank creates megatron's groups
+            from sapwood.learner.megatron_parallel import init_parallel
+
+            init_parallel(1)
         if self.is_core:
             self.store.set("open", "-1")
             threading.Thread(target=self._receive, name="core-inbox", daemon=True).start()
 
+    def new_model(self) -> nn.Module:
+        """A learner replica's model (this group's backend; weights to be loaded or pulled)."""
+        if self.spec.learner_backend == "megatron":
+            from sapwood.learner.megatron_model import MegatronActorCritic
+
+            return MegatronActorCritic(self.model_config)
+        return TinyActorCritic(self.model_config)
+
     def _numel(self) -> int:
-        return sum(p.numel() for p in TinyActorCritic(self.model_config).parameters())
+        return sum(p.numel() for p in self.new_model().parameters())
 
     def _receive(self) -> None:
         """Core: receive headers from any rank; answer pulls at once with the newest snapshot."""
@@ -189,21 +218,28 @@ class GroupMember:
     def start_trainer(self, config: LearnerConfig, state: dict[str, Any], seed: int) -> GroupSAOTrainer:
         """Core: the learner replica that owns the optimizer and the policy version."""
         torch.manual_seed(seed)
-        model = TinyActorCritic(self.model_config)
-        model.load_state_dict(state)
-        backend = TorchBackend(model, config.optim, critic_grad_clip=config.critic.grad_clip)
+        backend: ActorCriticBackend
+        if self.spec.learner_backend == "megatron":
+            from sapwood.learner.megatron_backend import MegatronBackend
+
+            backend = MegatronBackend.from_config(self.model_config, config, init_state=state, seed=seed,
+                                                  data_parallel=False)
+        else:
+            model = TinyActorCritic(self.model_config)
+            model.load_state_dict(state)
+            backend = TorchBackend(model, config.optim, critic_grad_clip=config.critic.grad_clip)
         self.trainer = GroupSAOTrainer(backend, config, self)
         self._publish_snapshot()
         return self.trainer
 
     def _flat_params(self) -> torch.Tensor:
         assert self.trainer is not None
-        return torch.nn.utils.parameters_to_vector(self.trainer.torch_backend.model.parameters()).detach().clone()
+        return torch.nn.utils.parameters_to_vector(self.trainer.group_backend.model.parameters()).detach().clone()
 
     def _publish_snapshot(self) -> None:
         assert self.trainer is not None
         with self._snap_lock:
-            self._snapshot = (self.trainer.torch_backend.policy_version, self._flat_params())
+            self._snapshot = (self.trainer.group_backend.policy_version, self._flat_params())
 
     def _handle(self, msg: tuple[tuple[int, int, int, int], torch.Tensor | None], version: int,
                 accum: torch.Tensor, covered: set[int]) -> None:
@@ -244,7 +280,7 @@ class GroupMember:
     def run_step(self, batch: TreeBatch, targets: LossTargets, config: LearnerConfig) -> dict[str, float]:
         """Core: one joint update of ``batch`` over the group's micro-batches; returns the update's metrics."""
         assert self.trainer is not None
-        backend = self.trainer.torch_backend
+        backend = self.trainer.group_backend
         model = backend.model
         m = self.spec.micro_batches
         with self._step_lock:
@@ -348,7 +384,7 @@ class GroupMember:
         return int(v.item()), flat
 
     def _satellite_loop(self) -> None:
-        model = TinyActorCritic(self.model_config)
+        model = self.new_model()
         numel = sum(p.numel() for p in model.parameters())
         done: set[int] = set()
         while self.role() == "train":
@@ -365,7 +401,7 @@ class GroupMember:
             torch.nn.utils.vector_to_parameters(flat, model.parameters())
             self._satellite_step(model, version, batch, targets, config, masks, shares)
 
-    def _satellite_step(self, model: TinyActorCritic, version: int, batch: TreeBatch, targets: LossTargets,
+    def _satellite_step(self, model: nn.Module, version: int, batch: TreeBatch, targets: LossTargets,
                         config: LearnerConfig, masks: list[torch.Tensor], shares: list[float]) -> None:
         """Claim and compute micro-batches of step ``version`` while in train and the step is open: the
         role is checked before each claim and a claimed micro-batch is finished (a device finishes the
@@ -391,11 +427,24 @@ class GroupMember:
             self.sent += 1
 
     # -- weights ---------------------------------------------------------------------------------------
+    def serving_state(self) -> dict[str, torch.Tensor]:
+        """Core: the replica's weights in ``TinyActorCritic`` layout (what rollout cells serve), detached."""
+        assert self.trainer is not None
+        backend = self.trainer.group_backend
+        if self.spec.learner_backend == "megatron":
+            mapped = backend.tiny_state_dict()  # type: ignore[attr-defined]
+            order = TinyActorCritic(self.model_config).state_dict().keys()  # the receivers' (broadcast) order
+            if set(order) != set(mapped):
+                raise RuntimeError(f"megatron weights map to {sorted(set(mapped) ^ set(order))} unlike the "
+                                   "serving model's")
+            return {k: mapped[k] for k in order}
+        return {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+
     def broadcast(self, ranks: list[int]) -> int:
         """Core: send the newest weights to ``ranks`` (a versioned header, then buckets); returns the version."""
         assert self.trainer is not None
-        state = self.trainer.torch_backend.model.state_dict()
-        version = self.trainer.torch_backend.policy_version
+        state = self.serving_state()
+        version = self.trainer.group_backend.policy_version
         flat = torch.cat([t.detach().reshape(-1).float() for t in state.values()])
         buckets = torch.split(flat, self.spec.bucket_numel)
         header = _header(WEIGHTS, version, len(buckets), flat.numel())
@@ -430,9 +479,9 @@ class GroupMember:
 class GroupSAOTrainer(SAOTrainer):
     """The project's SAO trainer whose joint update runs as a group step over the cells' micro-batches."""
 
-    def __init__(self, backend: TorchBackend, config: LearnerConfig, member: GroupMember) -> None:
+    def __init__(self, backend: ActorCriticBackend, config: LearnerConfig, member: GroupMember) -> None:
         super().__init__(backend, config)
-        self.torch_backend = backend
+        self.group_backend = backend
         self.member = member
 
     def policy_update(self, batch: TreeBatch, targets: LossTargets) -> dict[str, float]:

@@ -125,9 +125,10 @@ class ElasticRuntime:
                                              policy_source=policy_source, grace_s=grace_s,
                                              tiers={s.cell_id: s.tier for s in specs})
 
-    def join_learner_group(self, *, micro_batches: int = 4, stall_timeout_s: float = 2.0) -> dict[str, int]:
+    def join_learner_group(self, *, micro_batches: int = 4, stall_timeout_s: float = 2.0,
+                           learner_backend: str = "torch") -> dict[str, int]:
         """Every cell joins one gloo learner group (``runtime/cell_learner.py``; rank = the cell's place in
-        ``specs``, the first is the core); returns cell id → rank."""
+        ``specs``, the first is the core) with ``learner_backend`` replicas; returns cell id → rank."""
         import socket
 
         with socket.socket() as s:
@@ -136,7 +137,8 @@ class ElasticRuntime:
         ranks = {cid: i for i, cid in enumerate(self.specs)}
         world = len(ranks)
         ray.get([self.cells[cid].join_group.remote(GroupSpec(port, r, world, micro_batches=micro_batches,
-                                                             stall_timeout_s=stall_timeout_s))
+                                                             stall_timeout_s=stall_timeout_s,
+                                                             learner_backend=learner_backend))
                  for cid, r in ranks.items()])
         self.ranks = ranks
         return ranks
