@@ -219,8 +219,6 @@ def _trunk_map(cfg: TinyTransformerConfig, tiny: str, mega: str, *, final_ln: st
     rows: list[tuple[str, str, Split]] = [
         (f"{tiny}.tok.weight", f"{mega}.embedding.word_embeddings.weight", "col"),
         (f"{tiny}.pos.weight", f"{mega}.embedding.position_embeddings.weight", "rep"),
-        (f"{tiny}.ln.weight", f"{final_ln}.weight", "rep"),
-        (f"{tiny}.ln.bias", f"{final_ln}.bias", "rep"),
     ]
     for i in range(cfg.n_layers):
         t, m = f"{tiny}.blocks.{i}", f"{mega}.decoder.layers.{i}"
@@ -238,11 +236,13 @@ def _trunk_map(cfg: TinyTransformerConfig, tiny: str, mega: str, *, final_ln: st
             (f"{t}.mlp.2.weight", f"{m}.mlp.linear_fc2.weight", "row"),
             (f"{t}.mlp.2.bias", f"{m}.mlp.linear_fc2.bias", "rep"),
         ]
+    rows += [(f"{tiny}.ln.weight", f"{final_ln}.weight", "rep"), (f"{tiny}.ln.bias", f"{final_ln}.bias", "rep")]
     return rows
 
 
 def weight_map(cfg: TinyTransformerConfig) -> list[tuple[str, str, Split]]:
-    """``(TinyActorCritic key, MegatronActorCritic key, split)`` for every parameter of both models."""
+    """``(TinyActorCritic key, MegatronActorCritic key, split)`` for every parameter of both models, in
+    ``TinyActorCritic.state_dict()`` order (so ``megatron_to_tiny`` flattens as a ``TinyActorCritic`` does)."""
     rows = _trunk_map(cfg, "actor", "actor", final_ln="actor.decoder.final_layernorm")
     rows.append(("lm_head.weight", "actor.output_layer.weight", "col"))
     if not cfg.shared_trunk:

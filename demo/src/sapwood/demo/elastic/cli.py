@@ -33,10 +33,10 @@ def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None
                                  f"{staleness_bound}")
     if compare_seeds is not None and compare_seeds < 1:
         raise typer.BadParameter(f"--compare-seeds must be ≥ 1 (the goals need 3), got {compare_seeds}")
-    from sapwood.scheduler.runtime.cell_learner import LEARNER_BACKENDS
+    from sapwood.learner.backends import BACKENDS
 
-    if learner_backend not in LEARNER_BACKENDS:
-        raise typer.BadParameter(f"--backend must be one of {', '.join(LEARNER_BACKENDS)}, got {learner_backend!r}")
+    if learner_backend not in BACKENDS:
+        raise typer.BadParameter(f"--backend must be one of {', '.join(BACKENDS)}, got {learner_backend!r}")
     cfg = ElasticDemoConfig(seed=seed, cells=cells, executions=executions, out_dir=out_dir,
                             staleness_bound=staleness_bound, learner_backend=learner_backend)
     progress = None if quiet else Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -55,18 +55,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sapwood.learner.backends import check_backend, create_backend
 from sapwood.learner.batch import TreeBatch
 from sapwood.learner.config import LearnerConfig
 from sapwood.learner.losses import metric_floats
-from sapwood.learner.model import ActorCriticBackend, TinyActorCritic, TorchBackend, tree_forward
+from sapwood.learner.model import ActorCriticBackend, TinyActorCritic, tree_forward
 from sapwood.learner.trainer import LossTargets, SAOTrainer, compute_losses
 from sapwood.scheduler.runtime.device_clock import DeviceClock, DeviceCosts
 from sapwood.scheduler.runtime.learners import GRAD, LEAVE, PULL, RELEASE, TAG_GRAD, TAG_HEADER, TAG_SNAPSHOT
 
-__all__ = ["LEARNER_BACKENDS", "GroupMember", "GroupSAOTrainer", "GroupSpec", "GroupStats", "micro_gradient",
-           "micro_split"]
-
-LEARNER_BACKENDS = ("torch", "megatron")
+__all__ = ["GroupMember", "GroupSAOTrainer", "GroupSpec", "GroupStats", "micro_gradient", "micro_split"]
 
 WEIGHTS = 5
 TAG_WEIGHTS = 4
@@ -85,11 +83,10 @@ class GroupSpec:
     """Floats per weight-broadcast bucket (64 KiB of float32)."""
     timeout_s: float = 3600.0
     learner_backend: str = "torch"
-    """The replicas' backend: ``"torch"`` or ``"megatron"`` (megatron-core on the CPU, tensor parallel 1)."""
+    """The replicas' backend, a name of ``sapwood.learner.backends`` (megatron: tensor parallel 1)."""
 
     def __post_init__(self) -> None:
-        if self.learner_backend not in LEARNER_BACKENDS:
-            raise ValueError(f"learner_backend must be one of {LEARNER_BACKENDS}, got {self.learner_backend!r}")
+        check_backend(self.learner_backend)
 
 
 @dataclass
@@ -218,16 +215,10 @@ class GroupMember:
     def start_trainer(self, config: LearnerConfig, state: dict[str, Any], seed: int) -> GroupSAOTrainer:
         """Core: the learner replica that owns the optimizer and the policy version."""
         torch.manual_seed(seed)
-        backend: ActorCriticBackend
-        if self.spec.learner_backend == "megatron":
-            from sapwood.learner.megatron_backend import MegatronBackend
-
-            backend = MegatronBackend.from_config(self.model_config, config, init_state=state, seed=seed,
-                                                  data_parallel=False)
-        else:
-            model = TinyActorCritic(self.model_config)
-            model.load_state_dict(state)
-            backend = TorchBackend(model, config.optim, critic_grad_clip=config.critic.grad_clip)
+        # a megatron replica is not data parallel with the group's world: the micro-batches are its data parallelism
+        options = {"data_parallel": False} if self.spec.learner_backend == "megatron" else {}
+        backend = create_backend(self.spec.learner_backend, self.model_config, config, init_state=state, **options)
+        assert isinstance(backend, ActorCriticBackend)
         self.trainer = GroupSAOTrainer(backend, config, self)
         self._publish_snapshot()
         return self.trainer
@@ -431,13 +422,8 @@ class GroupMember:
         """Core: the replica's weights in ``TinyActorCritic`` layout (what rollout cells serve), detached."""
         assert self.trainer is not None
         backend = self.trainer.group_backend
-        if self.spec.learner_backend == "megatron":
-            mapped = backend.tiny_state_dict()  # type: ignore[attr-defined]
-            order = TinyActorCritic(self.model_config).state_dict().keys()  # the receivers' (broadcast) order
-            if set(order) != set(mapped):
-                raise RuntimeError(f"megatron weights map to {sorted(set(mapped) ^ set(order))} unlike the "
-                                   "serving model's")
-            return {k: mapped[k] for k in order}
+        if self.spec.learner_backend == "megatron":  # in TinyActorCritic's key order, as receivers unflatten
+            return dict(backend.tiny_state_dict())  # type: ignore[attr-defined]
         return {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
 
     def broadcast(self, ranks: list[int]) -> int:
