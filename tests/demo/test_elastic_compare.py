@@ -22,6 +22,7 @@ from sapwood.demo.elastic.driver import (
     ElasticDemoConfig,
     ScheduleResult,
     _accumulate,
+    admission_bound,
     schedule_policy,
     static_splits,
 )
@@ -32,7 +33,7 @@ from sapwood.platform.cli import app
 def test_every_static_split_is_compared() -> None:
     assert static_splits(2) == ("static-1",)
     assert static_splits(4) == ("static-1", "static-2", "static-3")
-    assert compare_schedules(3) == ("elastic", "static-1", "static-2", "colocate")
+    assert compare_schedules(3) == ("elastic", "static-1", "static-2", "colocate", "colocate-sync")
     with pytest.raises(ValueError, match="≥ 2 cells"):
         static_splits(1)
 
@@ -50,6 +51,13 @@ def test_a_static_schedule_names_its_rollout_cells() -> None:
     # colocate is simulated with the admission the live run gives every schedule
     assert schedule_policy("colocate", 3, 1) == ("colocate", {"max_staleness": 1})
     assert schedule_policy("colocate", 3, 0) == ("colocate", {"max_staleness": 0})
+
+
+def test_the_synchronous_colocate_admits_one_batch_per_version_whatever_the_run_s_bound() -> None:
+    assert schedule_policy("colocate-sync", 3, 1) == ("colocate", {"max_staleness": 0})
+    assert schedule_policy("colocate-sync", 3, 0) == ("colocate", {"max_staleness": 0})
+    assert [admission_bound(n, 1) for n in compare_schedules(3)] == [1, 1, 1, 1, 0]
+    assert admission_bound("elastic", 0) == 0
 
 
 def test_the_demo_s_micro_batches_divide_evenly_over_every_train_cell_count() -> None:
@@ -73,6 +81,26 @@ def test_the_best_static_split_is_the_fastest_and_ratios_are_over_elastic() -> N
     assert tie["best_static"] == "static-1"  # a tie goes to the first name, whatever the order
     with pytest.raises(ValueError, match="needs elastic, colocate and a static split"):
         summarise_seed(0, {"elastic": _arm(1.0, 0.6), "colocate": _arm(1.0, 0.6)}, 0.5)
+
+
+def test_the_synchronous_colocate_is_a_reference_ratio_beside_the_goals() -> None:
+    arms = {"elastic": _arm(10.0, 0.6), "static-1": _arm(12.0, 0.6), "colocate": _arm(11.0, 0.6),
+            "colocate-sync": _arm(14.0, 0.6)}
+    row = summarise_seed(0, arms, 0.5)
+    assert row["elastic_over_colocate_sync"] == 1.4
+    assert row["elastic_over_colocate"] == 1.1, "the goal's colocate stays the one admitting a batch ahead"
+    assert "elastic_over_colocate_sync" not in summarise_seed(0, {k: v for k, v in arms.items()
+                                                                  if k != "colocate-sync"}, 0.5)
+    rows = [{**_row(1.2, 1.1, 1.2, 1.1), "elastic_over_colocate_sync": r,
+             "simulator": {**_row(1.2, 1.1, 1.2, 1.1)["simulator"], "elastic_over_colocate_sync": 1.5}}
+            for r in (1.0, 2.0, 2.0)]
+    out = summarise(rows)
+    assert out["elastic_over_colocate_sync"] == round(4 ** (1 / 3), 4)
+    assert out["simulator_elastic_over_colocate_sync"] == 1.5
+    assert out["reference_simulator_error"] == round(1.5 / round(4 ** (1 / 3), 4) - 1, 4)
+    assert "elastic_over_colocate_sync" not in out["goals"]
+    assert out["goals"]["elastic_over_colocate"] is False, "1.1 < 1.3 whatever the reference says"
+    assert "elastic_over_colocate_sync" not in summarise([_row(1.2, 1.1, 1.2, 1.1)] * 3), "no seed has it: absent"
 
 
 def test_a_reward_that_ends_where_it_started_is_not_rising() -> None:
@@ -173,7 +201,11 @@ def test_the_prediction_runs_every_schedule_through_the_simulator() -> None:
     cfg = ElasticDemoConfig(cells=3, capacity=2, executions=16, batch_size=8)
     w = calibrated_workload(cfg, {"static-1": _result("static-1", [1.0, 1.5, 6.0], [(1.0, 2)])})
     out = predict(w, 3, 1, seeds=2)
-    assert set(out["wall_s"]) == {"elastic", "static-1", "static-2", "colocate"}
+    assert set(out["wall_s"]) == {"elastic", "static-1", "static-2", "colocate", "colocate-sync"}
+    # the synchronous colocate waits out each batch's tail that the other admits past: never faster
+    assert out["wall_s"]["colocate-sync"] >= out["wall_s"]["colocate"]
+    assert out["elastic_over_colocate_sync"] == pytest.approx(
+        out["wall_s"]["colocate-sync"] / out["wall_s"]["elastic"], abs=1e-3)
     assert out["switches"]["static-1"] == 0, "a static split never switches"
     assert out["switches"]["colocate"] > 0, "colocate flips every cell each step"
     assert all(v > 0 for v in out["wall_s"].values())
@@ -234,6 +266,18 @@ def test_the_printed_comparison_shows_each_arm_live_beside_the_simulator() -> No
     assert "17.000" in text, "the simulated switch count of the elastic arm"
     assert "+10.0%" in text, "the simulator's error on best static / elastic: 1.375 / 1.25 − 1"
     assert "at_least_3_seeds NOT met" in text
+    assert "reference" not in text, "no synchronous colocate arm: no reference row"
+    names_sync = (*names, "colocate-sync")
+    sync = {**row, "wall_s": {**row["wall_s"], "colocate-sync": 15.0}, "elastic_over_colocate_sync": 1.5,
+            "occupancy": dict.fromkeys(names_sync, occ), "eval_reward_end": dict.fromkeys(names_sync, 0.625),
+            "simulator": {**row["simulator"], "wall_s": {**row["simulator"]["wall_s"], "colocate-sync": 13.5},
+                          "switches": {**row["simulator"]["switches"], "colocate-sync": 12.0},
+                          "elastic_over_colocate_sync": 1.6875}}
+    console = Console(record=True, width=250)
+    _print_compare(summarise([sync]), console)
+    text = console.export_text()
+    assert "colocate-sync / elastic (reference)" in text
+    assert "+12.5%" in text, "the reference's simulator error: 1.6875 / 1.5 − 1"
 
 
 def test_a_step_fit_that_is_not_a_serial_part_plus_a_shrinking_part_keeps_the_linear_model() -> None:

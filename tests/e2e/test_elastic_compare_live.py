@@ -15,7 +15,7 @@ from sapwood.demo.elastic.driver import ElasticDemoConfig  # noqa: E402
 from sapwood.demo.pretrain import PretrainConfig  # noqa: E402
 from tests.support.elastic_runtime import fresh_ray  # noqa: E402, F401
 
-ARMS = {"elastic", "static-1", "static-2", "colocate"}
+ARMS = {"elastic", "static-1", "static-2", "colocate", "colocate-sync"}
 
 
 @pytest.mark.usefixtures("fresh_ray")
@@ -29,6 +29,13 @@ def test_compare_plays_every_arm_live_and_predicts_it(tmp_path: Path) -> None:
     assert all(w > 0 for w in (*row["wall_s"].values(), *row["simulator"]["wall_s"].values()))
     for arm, checks in row["integrity"].items():
         assert checks == dict.fromkeys(INTEGRITY, 0), arm
+    # every arm admits one batch ahead of training (16 executions: all at once) but the synchronous colocate
+    ahead = row["admitted_ahead_max"]
+    assert ahead["colocate-sync"] == cfg.batch_size
+    assert ahead["colocate"] == 2 * cfg.batch_size
+    assert row["elastic_over_colocate_sync"] == pytest.approx(
+        row["wall_s"]["colocate-sync"] / row["wall_s"]["elastic"], rel=1e-3)
+    assert row["simulator"]["elastic_over_colocate_sync"] > 0
     assert row["occupancy"]["static-1"]["switches"] == 0
     assert row["occupancy"]["static-2"]["switches"] == 0
     # every cell into train at least once (both steps may run in one stint when every execution finished first)

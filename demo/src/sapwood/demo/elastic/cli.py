@@ -96,7 +96,7 @@ def _fmt(v: Any) -> str:
 
 def _print_compare(summary: dict[str, Any], console: Console) -> None:
     """One row per seed and schedule (wall, occupancies, switches), then live ratios beside the simulator's."""
-    from sapwood.demo.elastic.compare import GOALS
+    from sapwood.demo.elastic.compare import GOALS, REFERENCE
 
     table = Table(title="sapwood demo --elastic --compare: wall seconds, slot / train-cell occupancy, switches")
     for col in ("seed", "schedule", "wall (s)", "slot occ.", "train-cell occ.", "switches", "switch cell-s",
@@ -119,6 +119,10 @@ def _print_compare(summary: dict[str, Any], console: Console) -> None:
         goal = GOALS[key]
         ratios.add_row(label, f"{summary[key]:.3f}", f"{summary['simulator_' + key]:.3f}",
                        f"{summary['simulator_error'][key]:+.1%}", f"≥ {goal}", str(summary["goals"][key]))
+    if REFERENCE in summary:  # the synchronous colocate, for reference: no goal
+        ratios.add_row("colocate-sync / elastic (reference)", f"{summary[REFERENCE]:.3f}",
+                       f"{summary['simulator_' + REFERENCE]:.3f}", f"{summary['reference_simulator_error']:+.1%}",
+                       "-", "-")
     console.print(ratios)
     console.print("goals: " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in summary["goals"].items()))
     for p in summary.get("plots", []):

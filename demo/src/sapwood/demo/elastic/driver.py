@@ -50,14 +50,19 @@ from sapwood.scheduler.runtime.cluster import CellSpec, ElasticRuntime, init_ray
 from sapwood.scheduler.runtime.device_clock import DeviceCosts
 from sapwood.scheduler.signals import CellState, Signals, queue_demand
 
-__all__ = ["ElasticDemoConfig", "ScheduleResult", "run_elastic_demo", "run_schedule", "schedule_policy",
-           "static_splits"]
+__all__ = ["SYNC_COLOCATE", "ElasticDemoConfig", "ScheduleResult", "admission_bound", "run_elastic_demo",
+           "run_schedule", "schedule_policy", "static_splits"]
 
 POLICY_ARGS: dict[str, dict[str, Any]] = {
     "elastic": {"min_dwell_s": 1.0, "switch_cost_prior_s": 0.2, "hysteresis_slots": 0, "staleness_bound": 1},
     "colocate": {"max_staleness": 1},
     "async": {"rollout_fraction": 0.67},
 }
+SYNC_COLOCATE = "colocate-sync"
+"""The synchronous colocate (verl's colocated on-policy mode, the source's Colocate): every cell rolls out one
+batch, then every cell trains on it; it admits one batch per policy version (bound 0) whatever the run's bound.
+A reference arm of the comparison, not its baseline (``colocate``, admitting as every other arm does, is the
+stronger one: decision 0058)."""
 STATIC_PREFIX = "static-"
 """``static-R``: the static split with ``R`` rollout cells and the rest training (the ``async`` policy)."""
 
@@ -69,16 +74,25 @@ def static_splits(cells: int) -> tuple[str, ...]:
     return tuple(f"{STATIC_PREFIX}{r}" for r in range(1, cells))
 
 
+def admission_bound(schedule: str, staleness_bound: int) -> int:
+    """How many batches ahead of training ``schedule`` admits executions: the run's ``staleness_bound`` for
+    every schedule but :data:`SYNC_COLOCATE` (0: one batch per policy version)."""
+    return 0 if schedule == SYNC_COLOCATE else staleness_bound
+
+
 def schedule_policy(schedule: str, cells: int, staleness_bound: int) -> tuple[str, dict[str, Any]]:
-    """The policy name and arguments of a schedule name: ``elastic``, ``colocate``, ``async`` (two thirds
-    of the cells in rollout) or ``static-R`` (``R`` rollout cells, 1 ≤ R < ``cells``)."""
+    """The policy name and arguments of a schedule name: ``elastic``, ``colocate``, :data:`SYNC_COLOCATE`,
+    ``async`` (two thirds of the cells in rollout) or ``static-R`` (``R`` rollout cells, 1 ≤ R < ``cells``)."""
     if schedule.startswith(STATIC_PREFIX):
         tail = schedule[len(STATIC_PREFIX):]
         if not tail.isdigit() or not 1 <= int(tail) < cells:
             raise ValueError(f"schedule {schedule!r}: expected static-R with 1 ≤ R < {cells} rollout cells")
         return "async", {"rollout_cells": int(tail), "max_staleness": staleness_bound}
+    if schedule == SYNC_COLOCATE:
+        return "colocate", {"max_staleness": admission_bound(schedule, staleness_bound)}
     if schedule not in POLICY_ARGS:
-        raise ValueError(f"unknown schedule {schedule!r}: expected elastic, colocate, async or static-R")
+        raise ValueError(f"unknown schedule {schedule!r}: expected elastic, colocate, {SYNC_COLOCATE}, async or "
+                         f"static-R")
     args = dict(POLICY_ARGS[schedule])
     for key in ("staleness_bound", "max_staleness"):  # every schedule admits as the live run does
         if key in args:
@@ -172,6 +186,9 @@ class ScheduleResult:
     the store), ``update_s`` (the SAO step: micro-batches and update), ``broadcast_s`` (the weights broadcast)."""
     core_pins: dict[str, int] = field(default_factory=dict)
     """Cell id → the CPU core it was pinned to (empty: not enough cores to pin)."""
+    admitted_ahead_max: int = 0
+    """The most executions admitted and not yet trained at once (running plus finished-untrained): at most
+    ``batch_size × (1 + admission bound)``."""
 
     def summary(self) -> dict[str, Any]:
         phases: dict[str, list[float]] = {}
@@ -189,7 +206,7 @@ class ScheduleResult:
             "slot_occupancy": _ratio(occ.get("rollout_slot_s", 0.0), occ.get("rollout_slot_capacity_s", 0.0)),
             "train_cell_occupancy": _ratio(occ.get("train_device_s", 0.0), occ.get("train_cell_s", 0.0)),
             "switch_overhead_cell_s": round(sum(sw["wall_s"] for sw in self.switches), 3),
-            "cores_pinned": len(self.core_pins),
+            "cores_pinned": len(self.core_pins), "admitted_ahead_max": self.admitted_ahead_max,
             "execution_p50_s": _quantile([o.finished_at - o.started_at for o in self.outcomes], 0.5),
             **self.store_check,
             "train_reward_first_third": round(float(np.mean(self.rewards[:third])), 4) if self.rewards else None,
@@ -248,7 +265,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     tasks = [KeyRecallEnv(dcfg.task).sample_task(np.random.default_rng([cfg.seed, 31, i]), task_id=f"task-{i}")
              for i in range(cfg.executions)]
     scales = _scales(cfg)
-    max_staleness = cfg.workload().staleness_bound  # the same admission for every schedule
+    max_staleness = admission_bound(schedule, cfg.workload().staleness_bound)  # as the simulated arm admits
     outcomes: list[ExecutionOutcome] = []
     timeline: list[tuple[float, dict[str, str]]] = []
     rewards: list[float] = []
@@ -258,6 +275,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
     step_walls: list[tuple[float, int]] = []
     step_log: list[dict[str, float]] = []
     last_sample: tuple[float, dict[str, str], dict[str, int]] | None = None
+    ahead_max = 0
     t0 = time.perf_counter()
 
     def train_step(train_cells: int) -> None:
@@ -293,6 +311,7 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
             while next_task < len(tasks) and backlog + len(pool.running) < admit:
                 pool.start(tasks[next_task], decode_scale=scales[next_task])
                 next_task += 1
+            ahead_max = max(ahead_max, backlog + len(pool.running))
             outcomes += pool.poll(timeout_s=0)
             thread = training["thread"]
             active = thread is not None and thread.is_alive()
@@ -356,7 +375,8 @@ def run_schedule(cfg: ElasticDemoConfig, schedule: str, state0: dict[str, torch.
         occupancy["train_device_s"] = trained_micro_batches * cfg.train_microbatch_s
         return ScheduleResult(schedule, wall, training["steps"], outcomes, timeline,
                               [_switch_json(r) for r in rt.coordinator.reports], router_stats, check, rewards,
-                              final, final_version, occupancy, step_walls, slot_times, step_log, dict(rt.core_pins))
+                              final, final_version, occupancy, step_walls, slot_times, step_log, dict(rt.core_pins),
+                              ahead_max)
     finally:
         pool.close()
         ray.get(core.close_learner.remote())

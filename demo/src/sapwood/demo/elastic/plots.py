@@ -68,17 +68,21 @@ def plot_elastic(results: dict[str, Any], out_dir: Path) -> list[Path]:
 
 def plot_compare(summary: dict[str, Any], out_dir: Path) -> Path:
     """``compare.png``: per seed, elastic's wall-time ratio over the best static split and over colocate,
-    live beside the simulator's prediction, with the goals as dashed lines."""
+    live beside the simulator's prediction, with the goals as dashed lines; a third panel for the
+    synchronous colocate (reference, no goal) where the summary has it."""
     seeds = summary["seeds"]
-    keys = (("elastic_over_best_static", "best static split / elastic", 1.2),
-            ("elastic_over_colocate", "colocate / elastic", 1.3))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), squeeze=False)
+    keys: list[tuple[str, str, float | None]] = [("elastic_over_best_static", "best static split / elastic", 1.2),
+                                                 ("elastic_over_colocate", "colocate / elastic", 1.3)]
+    if "elastic_over_colocate_sync" in summary:
+        keys.append(("elastic_over_colocate_sync", "colocate-sync / elastic (reference)", None))
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
     x = list(range(len(seeds)))
     for ax, (key, title, goal) in zip(axes[0], keys, strict=True):
         ax.bar([i - 0.2 for i in x], [r[key] for r in seeds], width=0.4, label="live", color="tab:blue")
         ax.bar([i + 0.2 for i in x], [r["simulator"][key] for r in seeds], width=0.4, label="simulator",
                color="tab:grey")
-        ax.axhline(goal, color="tab:red", linestyle="--", linewidth=1, label=f"goal {goal}×")
+        if goal is not None:
+            ax.axhline(goal, color="tab:red", linestyle="--", linewidth=1, label=f"goal {goal}×")
         ax.axhline(1.0, color="black", linewidth=0.6)
         ax.set_xticks(x, [f"seed {r['seed']}\n({r['best_static']})" for r in seeds], fontsize=8)
         ax.set_title(f"{title}: live {summary[key]:.2f}×, simulator {summary['simulator_' + key]:.2f}×",
