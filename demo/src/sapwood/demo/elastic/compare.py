@@ -228,18 +228,17 @@ def summarise(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     """Geometric means over the seeds, live and simulated, the simulator's relative error and the goals (the
     reference ratio, where every seed has it, is reported beside them and judged by no goal)."""
     out: dict[str, Any] = {"seeds": per_seed}
-    errors = {}
-    for key in ("elastic_over_best_static", "elastic_over_colocate"):
-        live = _geomean([r[key] for r in per_seed])
-        sim = _geomean([r["simulator"][key] for r in per_seed])
-        out[key] = live
-        out[f"simulator_{key}"] = sim
-        errors[key] = round(sim / live - 1.0, 4)
+
+    def live_and_simulated(key: str) -> float:
+        """Both geometric means of ratio ``key`` into ``out``; returns the simulator's relative error."""
+        out[key] = live = _geomean([r[key] for r in per_seed])
+        out[f"simulator_{key}"] = sim = _geomean([r["simulator"][key] for r in per_seed])
+        return round(sim / live - 1.0, 4)
+
+    errors = {key: live_and_simulated(key) for key in ("elastic_over_best_static", "elastic_over_colocate")}
     out["simulator_error"] = errors
     if all(REFERENCE in r and REFERENCE in r["simulator"] for r in per_seed):
-        live, sim = _geomean([r[REFERENCE] for r in per_seed]), _geomean([r["simulator"][REFERENCE] for r in per_seed])
-        out[REFERENCE], out[f"simulator_{REFERENCE}"] = live, sim
-        out["reference_simulator_error"] = round(sim / live - 1.0, 4)
+        out["reference_simulator_error"] = live_and_simulated(REFERENCE)
     rising = all(all(r["reward_rising"].values()) for r in per_seed)
     out["goals"] = {
         "elastic_over_best_static": out["elastic_over_best_static"] >= GOALS["elastic_over_best_static"],
