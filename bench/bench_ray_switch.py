@@ -155,7 +155,7 @@ def main() -> None:
     failed = failures(sw)
     if not args.skip_demo:
         demo = run_elastic_demo(ElasticDemoConfig(executions=args.executions, eval_executions=0,
-                                                  out_dir=out / "demo"))
+                                                  critic_replay_executions=0, out_dir=out / "demo"))
         keep = ("wall_s", "steps", "switches", "calls_lost", "calls_duplicated", "envs_reset", "executions_error")
         result["demo"] = {name: {k: s[k] for k in keep} for name, s in demo["schedules"].items()}
         for key in ("wall_async_over_elastic", "wall_colocate_over_elastic"):

@@ -23,13 +23,15 @@ require_megatron()
 @pytest.mark.usefixtures("fresh_ray")
 def test_the_elastic_schedule_trains_megatron_replicas_on_the_cells(tmp_path: Path) -> None:
     cfg = ElasticDemoConfig(executions=16, eval_executions=8, out_dir=tmp_path, schedules=("elastic",),
+                            critic_replay_executions=16,
                             learner_backend="megatron",
                             pretrain=replace(PretrainConfig(), max_clean_steps=3, min_clean_steps=3))
     summary = run_elastic_demo(cfg)
     run = summary["schedules"]["elastic"]
     assert run["learner_replica"] == "MegatronBackend"
-    assert run["steps"] >= 2, "the critic warm-up step and at least one policy step"
-    policy_steps = run["steps"] - cfg.critic_warmup_steps  # a warm-up step is the core's alone, not split
+    assert summary["critic_warmup"]["steps"] == 2, "16 replayed executions, 8 per critic step, before the arm"
+    assert run["steps"] >= 2
+    policy_steps = run["steps"] - cfg.critic_warmup_steps  # an in-run warm-up step is the core's alone, not split
     assert run["satellite_micro_batches"] + run["core_micro_batches"] == policy_steps * cfg.micro_batches
     assert run["executions"] == cfg.executions
     for key in INTEGRITY:

@@ -19,7 +19,7 @@ from sapwood.learner.model import TinyActorCritic
 from sapwood.rollout.recorder import Recorder
 from sapwood.rollout.torch_engine import LocalTorchEngine
 
-__all__ = ["eval_tasks", "evaluate", "pretrained_policy"]
+__all__ = ["EVAL_STREAM", "eval_tasks", "evaluate", "pretrained_policy"]
 
 _PRETRAINED: dict[str, tuple[dict[str, torch.Tensor], PretrainResult]] = {}
 _PRETRAINED_LOCK = threading.Lock()
@@ -62,17 +62,24 @@ def eval_tasks(cfg: DemoConfig) -> list[KeyTask]:
     return [env.sample_task(rng, task_id=f"eval-{i}") for i in range(cfg.eval_executions)]
 
 
+EVAL_STREAM = 104729
+"""The random stream of the evaluations (:func:`evaluate`'s default)."""
+
+
 def evaluate(cfg: DemoConfig, engine: LocalTorchEngine, recorder: Recorder, tasks: list[KeyTask], phase: str,
-             hook: ProgressHook | None = None, summary_engine: LocalTorchEngine | None = None,
-             ) -> list[ExecutionReport]:
-    """Play ``tasks`` once each with a fixed engine (same sampling seeds at start and end)."""
+             hook: ProgressHook | None = None, summary_engine: LocalTorchEngine | None = None, *,
+             stream: int = EVAL_STREAM) -> list[ExecutionReport]:
+    """Play ``tasks`` once each with a fixed engine (same sampling seeds at start and end). ``stream`` names
+    the random streams of the environment and the sampling: another stream plays with seeds of its own (the
+    critic warm-up's rollouts, :mod:`sapwood.demo.critic_warmup`)."""
     env = KeyRecallEnv(cfg.task)
     out = []
     for i, task in enumerate(tasks):
-        rng = np.random.default_rng([cfg.seed, 104729, i])
-        engine.generator.manual_seed(cfg.seed * 1_000_003 + i)
+        rng = np.random.default_rng([cfg.seed, stream, i])
+        offset = 0 if stream == EVAL_STREAM else stream * 1_000_000_007
+        engine.generator.manual_seed(cfg.seed * 1_000_003 + i + offset)
         if summary_engine is not None:
-            summary_engine.generator.manual_seed(cfg.seed * 1_000_033 + i)
+            summary_engine.generator.manual_seed(cfg.seed * 1_000_033 + i + offset)
         out.append(run_execution(env, engine, recorder, task, rng, temperature=cfg.temperature, top_p=cfg.top_p,
                                  fork=False, run_metadata={"phase": phase}, summary_engine=summary_engine))
         if hook is not None:

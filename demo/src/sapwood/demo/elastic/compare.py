@@ -207,6 +207,7 @@ def run_compare(cfg: ElasticDemoConfig, seeds: Sequence[int], *,
                             for n, s in live["schedules"].items()}
         row["integrity"] = {n: {k: s[k] for k in INTEGRITY} for n, s in live["schedules"].items()}
         row["admitted_ahead_max"] = {n: s["admitted_ahead_max"] for n, s in live["schedules"].items()}
+        row["critic_warmup"] = live["critic_warmup"]
         workload = calibrated_workload(scfg, results)
         row["calibration"] = {k: v for k, v in workload.to_json().items()
                               if k in ("rollout_p50_s", "slots_per_cell", "train_cell_s_per_step",

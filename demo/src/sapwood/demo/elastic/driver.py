@@ -31,6 +31,7 @@ import ray
 import torch
 
 from sapwood.demo.config import DemoConfig
+from sapwood.demo.critic_warmup import warm_critic_from_replay
 from sapwood.demo.elastic.executions import ExecutionOutcome, ExecutionPool
 from sapwood.demo.elastic.workload import LongTailWorkload
 from sapwood.demo.phases import eval_tasks, evaluate, pretrained_policy
@@ -137,8 +138,13 @@ class ElasticDemoConfig:
     out_dir: Path | None = None
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
-    critic_warmup_steps: int = 1
-    """Critic-only steps before the first policy update (the rollout demo's 4 would leave a short run untrained)."""
+    critic_warmup_steps: int = 0
+    """Critic-only steps of each arm's learner before its first policy update (the critic arrives warmed from
+    replay: ``critic_replay_executions``)."""
+    critic_replay_executions: int = 128
+    """Executions of policy version 0 replayed into critic-only steps before any arm starts, one step per
+    ``batch_size`` (:mod:`sapwood.demo.critic_warmup`); every arm of a seed starts from the same warmed critic.
+    0: none (the critic starts from random weights)."""
 
     @property
     def train_step_cell_s(self) -> float:
@@ -451,6 +457,9 @@ def run_elastic_demo(cfg: ElasticDemoConfig, *, on_tick: Callable[[str, int, int
     t = time.perf_counter()
     state0, _, _ = pretrained_policy(cfg.demo_config())
     timings["pretrain_s"] = time.perf_counter() - t
+    state0, warmup = warm_critic_from_replay(cfg.demo_config(), state0, cfg.critic_replay_executions, cfg.batch_size,
+                                             out_dir)
+    timings["critic_warmup_s"] = warmup.seconds
     t = time.perf_counter()
     init_ray(ray_address)
     timings["ray_init_s"] = time.perf_counter() - t
@@ -466,7 +475,8 @@ def run_elastic_demo(cfg: ElasticDemoConfig, *, on_tick: Callable[[str, int, int
         keep.update(results)
     summary: dict[str, Any] = {"config": {k: v for k, v in vars(replace(cfg, out_dir=None)).items()
                                           if k not in ("pretrain",)},
-                               "eval_reward_start": start_reward, "schedules": {}}
+                               "eval_reward_start": start_reward, "critic_warmup": warmup.to_json(),
+                               "schedules": {}}
     for name, res in results.items():
         s = res.summary()
         if cfg.eval_executions:
