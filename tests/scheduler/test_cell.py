@@ -225,3 +225,45 @@ def test_a_paused_cell_holds_its_calls_in_flight_until_resume_or_abort() -> None
     assert len(res["output_ids"]) == 3
     with pytest.raises(ValueError, match="after_tokens must be ≥ 1"):
         cell.pause(after_tokens=0)
+
+
+class _GateLock:
+    """Stands in for the cell's model lock: a step waits at the gate until the test opens it, after the call
+    has passed its abort check (so the test can set the abort inside the step, as a switch's abort may)."""
+
+    def __init__(self) -> None:
+        self.inner = threading.Lock()
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+
+    def __enter__(self) -> None:
+        self.reached.set()
+        assert self.opened.wait(60), "the test never opened the gate"
+        self.inner.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.release()
+
+
+def test_a_call_that_stops_in_the_step_its_abort_came_is_not_named_for_a_reroute() -> None:
+    """The abort lands while a step samples a stop token: the call answers ``ok`` at once. Naming it among the
+    aborted calls left the switch waiting for a reroute that never comes (30 s, then the switch failed) and a
+    slot reserved for it at the target for ever."""
+    cell = make_cell()
+    gate = _GateLock()
+    cell._model_lock = gate  # type: ignore[assignment]
+    every_token = tuple(range(model_config().vocab_size))
+    call = InThread(cell, "k", SamplingParams(max_new_tokens=6, stop_token_ids=every_token).to_dict())
+    assert gate.reached.wait(60), "the call never reached its first step"
+    aborted: list[Any] = []
+    aborting = threading.Thread(target=lambda: aborted.extend(cell.abort_inflight()))
+    aborting.start()
+    wait_for(lambda: cell._calls["k"].abort.is_set(), "the abort to reach the call")
+    gate.opened.set()
+    res = call.join()
+    aborting.join(60)
+    assert not aborting.is_alive(), "abort_inflight did not return"
+    assert res["status"] == "ok", "the stop token was sampled before the abort was looked at"
+    assert len(res["output_ids"]) == 1
+    assert aborted == [], "a call that answered ok is not named for a reroute"
+    assert cell.status()["aborted"] == 0

@@ -63,6 +63,7 @@ class _Call:
         self.abort = threading.Event()
         self.release = threading.Event()
         self.stopped = threading.Event()  # set once an aborted call stored its KV and partial output
+        self.answers_aborted = False  # set before ``stopped`` when the call takes the aborted answer
         self.output: list[int] = []
         self.generated = 0
 
@@ -178,6 +179,7 @@ class Cell:
             if finish is None:
                 # Aborted between two tokens: the partial output and its KV stay (the KV under the
                 # session, for export to the target cell); the router continues the call there.
+                call.answers_aborted = True
                 call.stopped.set()
                 released = call.release.wait(self.release_wait_s)
                 with self._lock:
@@ -254,8 +256,11 @@ class Cell:
 
     def abort_inflight(self) -> list[tuple[str, str, list[int]]]:
         """Abort every call in flight and wait until each stopped between two tokens; returns
-        ``(call_key, session, input ids + partial output)`` of each (what the continuation is fed). The
-        aborted calls answer only after :meth:`release_aborted` (so the KV handoff runs first)."""
+        ``(call_key, session, input ids + partial output)`` of each call that answers ``aborted`` (what the
+        continuation is fed). The aborted calls answer only after :meth:`release_aborted` (so the KV handoff
+        runs first). A call that finished as the abort came (its stop token sampled in the same step) has
+        answered ``ok`` and is not named: nothing would continue it, and a switch waiting for its reroute
+        would wait for ever."""
         with self._lock:
             calls = list(self._calls.values())
         for c in calls:
@@ -264,7 +269,7 @@ class Cell:
             self._gate.notify_all()  # held calls see their abort
         for c in calls:
             c.stopped.wait(30.0)
-        return [(c.key, c.session, c.input_ids + c.output) for c in calls]
+        return [(c.key, c.session, c.input_ids + c.output) for c in calls if c.answers_aborted]
 
     def release_aborted(self) -> None:
         with self._lock:
