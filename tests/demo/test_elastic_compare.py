@@ -33,7 +33,8 @@ from sapwood.platform.cli import app
 def test_every_static_split_is_compared() -> None:
     assert static_splits(2) == ("static-1",)
     assert static_splits(4) == ("static-1", "static-2", "static-3")
-    assert compare_schedules(3) == ("elastic", "static-1", "static-2", "colocate", "colocate-sync")
+    assert compare_schedules(3) == ("elastic", "static-1", "static-2", "colocate")
+    assert compare_schedules(3, reference=True) == ("elastic", "static-1", "static-2", "colocate", "colocate-sync")
     with pytest.raises(ValueError, match="≥ 2 cells"):
         static_splits(1)
 
@@ -56,7 +57,7 @@ def test_a_static_schedule_names_its_rollout_cells() -> None:
 def test_the_synchronous_colocate_admits_one_batch_per_version_whatever_the_run_s_bound() -> None:
     assert schedule_policy("colocate-sync", 3, 1) == ("colocate", {"max_staleness": 0})
     assert schedule_policy("colocate-sync", 3, 0) == ("colocate", {"max_staleness": 0})
-    assert [admission_bound(n, 1) for n in compare_schedules(3)] == [1, 1, 1, 1, 0]
+    assert [admission_bound(n, 1) for n in compare_schedules(3, reference=True)] == [1, 1, 1, 1, 0]
     assert admission_bound("elastic", 0) == 0
 
 
@@ -200,7 +201,8 @@ def test_a_busy_execution_keeps_at_least_its_held_time_and_duty_one_keeps_the_re
 def test_the_prediction_runs_every_schedule_through_the_simulator() -> None:
     cfg = ElasticDemoConfig(cells=3, capacity=2, executions=16, batch_size=8)
     w = calibrated_workload(cfg, {"static-1": _result("static-1", [1.0, 1.5, 6.0], [(1.0, 2)])})
-    out = predict(w, 3, 1, seeds=2)
+    assert "elastic_over_colocate_sync" not in predict(w, 3, 1, seeds=1), "no reference arm unless asked"
+    out = predict(w, 3, 1, seeds=2, reference=True)
     assert set(out["wall_s"]) == {"elastic", "static-1", "static-2", "colocate", "colocate-sync"}
     # the synchronous colocate waits out each batch's tail that the other admits past: never faster
     assert out["wall_s"]["colocate-sync"] >= out["wall_s"]["colocate"]
@@ -288,3 +290,24 @@ def test_a_step_fit_that_is_not_a_serial_part_plus_a_shrinking_part_keeps_the_li
     assert step_cost_fit([(1.0, 1), (1.0, 2)]) == (1.5, 0.0), "cells that do not help: cell_s = 0 is refused"
     with pytest.raises(ValueError, match="no training step"):
         step_cost_fit([])
+
+
+def test_the_reference_arm_is_opt_in_and_only_for_the_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sapwood.demo.elastic import compare
+
+    seen: list[bool] = []
+
+    def record(cfg: ElasticDemoConfig, seeds: list[int], **kw: Any) -> dict[str, Any]:
+        seen.append(kw["reference"])
+        raise SystemExit(0)  # the run itself is the e2e test's
+
+    monkeypatch.setattr(compare, "run_compare", record)
+    for args in ([], ["--compare-reference"]):
+        result = CliRunner().invoke(app, ["demo", "--elastic", "--compare", *args, "--quiet"])
+        assert result.exit_code == 0, result.output
+    assert seen == [False, True]
+    for args in (["--compare-reference"], ["--elastic", "--compare-reference"]):
+        refused = CliRunner().invoke(app, ["demo", *args, "--quiet"], env={"COLUMNS": "200"})
+        assert refused.exit_code == 2
+        assert "--compare-reference adds an arm to the elastic comparison: use it with --elastic --compare" in (
+            refused.output)

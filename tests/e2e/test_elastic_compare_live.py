@@ -22,7 +22,7 @@ ARMS = {"elastic", "static-1", "static-2", "colocate", "colocate-sync"}
 def test_compare_plays_every_arm_live_and_predicts_it(tmp_path: Path) -> None:
     cfg = ElasticDemoConfig(executions=16, eval_executions=8, out_dir=tmp_path, critic_replay_executions=16,
                             pretrain=replace(PretrainConfig(), max_clean_steps=3, min_clean_steps=3))
-    summary = run_compare(cfg, [0])
+    summary = run_compare(cfg, [0], reference=True)
     (row,) = summary["seeds"]
     assert set(row["wall_s"]) == ARMS
     assert set(row["simulator"]["wall_s"]) == ARMS

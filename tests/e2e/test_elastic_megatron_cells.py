@@ -1,9 +1,10 @@
 """The elastic schedule live with megatron-core learner replicas on the cells (``--backend megatron``): the
-core trains a ``MegatronBackend`` (critic warm-up alone, policy steps over the cells' micro-batches),
+core trains a ``MegatronBackend`` (policy steps over the cells' micro-batches; the critic arrives warmed from replay),
 satellites compute micro-batches on megatron models, and rollout cells serve the broadcast weights."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +31,7 @@ def test_the_elastic_schedule_trains_megatron_replicas_on_the_cells(tmp_path: Pa
     run = summary["schedules"]["elastic"]
     assert run["learner_replica"] == "MegatronBackend"
     assert summary["critic_warmup"]["steps"] == 2, "16 replayed executions, 8 per critic step, before the arm"
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary, "the summary is kept in the out dir"
     assert run["steps"] >= 2
     policy_steps = run["steps"] - cfg.critic_warmup_steps  # an in-run warm-up step is the core's alone, not split
     assert run["satellite_micro_batches"] + run["core_micro_batches"] == policy_steps * cfg.micro_batches

@@ -167,13 +167,14 @@ def test_replayed_durations_must_be_finite_positive_seconds(bad: tuple[float, ..
         Workload(durations_s=bad)
 
 
-@pytest.mark.parametrize("cells", [1, 2, 4])
-def test_a_steps_serial_part_is_added_once_per_step_whatever_the_train_cells(cells: int) -> None:
-    """Colocate closed form with a serial part: each step costs cell-seconds / cells + serial seconds."""
+@pytest.mark.parametrize(("cells", "serial"), [(1, 0.75), (2, 0.75), (4, 0.75), (2, 1.0), (2, 2.5)])
+def test_a_steps_serial_part_is_added_once_per_step_whatever_the_train_cells(cells: int, serial: float) -> None:
+    """Colocate closed form with a serial part: each step costs cell-seconds / cells + serial seconds. A serial
+    part of 10 ticks (1 s) or more, with nothing else running, is not a stall (it was reported as one)."""
     w = Workload(cells=cells, slots_per_cell=2, batch_size=2, steps=2, core_cells=0, train_cell_s_per_step=4.0,
                  switch_cost_s=0.5, tick_s=0.1, timeout_factor=math.inf, durations_s=(1.0, 3.0, 2.0, 5.0),
-                 train_step_serial_s=0.75)
-    closed = (3.0 + 5.0) + 2 * (4.0 / cells + 0.75) + (2 * 2 - 1) * 0.5
+                 train_step_serial_s=serial)
+    closed = (3.0 + 5.0) + 2 * (4.0 / cells + serial) + (2 * 2 - 1) * 0.5
     assert simulate(w, "colocate", 0).wall_s == pytest.approx(closed, rel=1e-12)
 
 

@@ -187,6 +187,9 @@ def demo(
                                           "reported) and colocate on several seeds, with the simulator's "
                                           "prediction beside the live ratios")] = False,
     compare_seeds: Annotated[int, typer.Option(help="--elastic --compare: seeds SEED … SEED+N-1")] = 3,
+    compare_reference: Annotated[bool, typer.Option(help="--elastic --compare: also the synchronous colocate "
+                                                    "(one batch per policy version), a reference arm with no "
+                                                    "goal")] = False,
 ) -> None:
     """Train a tiny agent with asynchronous single-rollout RL and record every call in Sapwood.
 
@@ -195,6 +198,9 @@ def demo(
     """
     from dataclasses import replace
 
+    if compare_reference and not (elastic and compare):
+        raise typer.BadParameter("--compare-reference adds an arm to the elastic comparison: use it with --elastic "
+                                 "--compare")
     if elastic:
         if compare:
             require_extras("sapwood demo --elastic --compare", COMPARE_PACKAGES)
@@ -204,7 +210,8 @@ def demo(
 
         elastic_demo(seed=seed, cells=cells, executions=elastic_executions, out_dir=out_dir, quiet=quiet,
                      ray_address=ray_address, console=console, staleness_bound=staleness_bound,
-                     compare_seeds=compare_seeds if compare else None, learner_backend=backend)
+                     compare_seeds=compare_seeds if compare else None, learner_backend=backend,
+                     compare_reference=compare_reference)
         return
     if compare:
         raise typer.BadParameter("--compare compares the elastic runtime's schedules: use it with --elastic")

@@ -18,9 +18,11 @@ ROWS = (("wall_s", "wall time (s)"), ("steps", "training steps"), ("switches", "
 
 def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None, quiet: bool,
                  ray_address: str | None, console: Console, staleness_bound: int = 1,
-                 compare_seeds: int | None = None, learner_backend: str = "torch") -> None:
+                 compare_seeds: int | None = None, learner_backend: str = "torch",
+                 compare_reference: bool = False) -> None:
     """Run every schedule on the same seeds and print the comparison (the JSON line last); with
-    ``compare_seeds``, the live comparison on seeds ``seed`` … ``seed + compare_seeds − 1``."""
+    ``compare_seeds``, the live comparison on seeds ``seed`` … ``seed + compare_seeds − 1`` (the synchronous
+    colocate as a reference arm too with ``compare_reference``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sapwood.demo.elastic.driver import ElasticDemoConfig, run_elastic_demo
@@ -57,7 +59,7 @@ def elastic_demo(*, seed: int, cells: int, executions: int, out_dir: Path | None
             from sapwood.demo.elastic.compare import run_compare
 
             summary = run_compare(cfg, list(range(seed, seed + compare_seeds)), on_tick=on_tick,
-                                  ray_address=ray_address)
+                                  ray_address=ray_address, reference=compare_reference)
         else:
             summary = run_elastic_demo(cfg, on_tick=on_tick, ray_address=ray_address)
     finally:

@@ -3,8 +3,9 @@
 Per seed, one live run plays every schedule on the same tasks, length scales and pre-trained policy:
 ``elastic``, every static split ``static-1`` … ``static-{cells − 1}`` (the best, i.e. fastest, of them is the
 baseline: a tuned static split, not a convenient one), ``colocate`` (admitting one batch ahead, as every other
-arm: the baseline of the colocate goal) and, for reference, ``colocate-sync`` (the synchronous colocate that
-admits one batch per policy version: verl's colocated on-policy mode; no goal is set against it). The ratios
+arm: the baseline of the colocate goal) and, with ``--compare-reference``, ``colocate-sync`` (the synchronous
+colocate that admits one batch per policy version: verl's colocated on-policy mode; no goal is set against it;
+opt-in, as it adds a sixth of the run's time). The ratios
 are wall-time ratios (other / elastic; above 1: elastic is faster), taken per seed and summarised by their
 geometric mean.
 
@@ -72,9 +73,10 @@ SIM_SEEDS = 5
 """Simulator runs per calibrated workload (their median wall time is the prediction)."""
 
 
-def compare_schedules(cells: int) -> tuple[str, ...]:
-    """``elastic``, every static split, ``colocate``, ``colocate-sync``: what one seed of the comparison plays."""
-    return ("elastic", *static_splits(cells), "colocate", SYNC_COLOCATE)
+def compare_schedules(cells: int, reference: bool = False) -> tuple[str, ...]:
+    """``elastic``, every static split, ``colocate`` and, with ``reference``, ``colocate-sync``: what one seed
+    of the comparison plays."""
+    return ("elastic", *static_splits(cells), "colocate", *((SYNC_COLOCATE,) if reference else ()))
 
 
 def summarise_seed(seed: int, schedules: dict[str, dict[str, Any]], eval_start: float | None) -> dict[str, Any]:
@@ -162,24 +164,28 @@ def uncontended_durations(executions: int, results: dict[str, ScheduleResult]) -
     return [medians.get(i, fill) for i in range(executions)], held / service  # ≤ 1: alone ≥ held each
 
 
-def predict(workload: Any, cells: int, staleness_bound: int, seeds: int = SIM_SEEDS) -> dict[str, Any]:
+def predict(workload: Any, cells: int, staleness_bound: int, seeds: int = SIM_SEEDS, *,
+            reference: bool = False) -> dict[str, Any]:
     """Simulated wall seconds and switch counts (medians over ``seeds`` runs) of every schedule of the
-    comparison and the ratios, the best static split chosen in the simulator as it is live."""
+    comparison (the reference arm with ``reference``) and the ratios, the best static split chosen in the
+    simulator as it is live."""
     from sapwood.scheduler.simulator import simulate
 
     walls: dict[str, float] = {}
     switches: dict[str, float] = {}
-    for name in compare_schedules(cells):
+    for name in compare_schedules(cells, reference):
         policy, args = schedule_policy(name, cells, staleness_bound)  # the live arms' policy arguments
         runs = [simulate(workload, policy, seed=s, **args) for s in range(seeds)]
         walls[name] = float(np.median([r.wall_s for r in runs]))
         switches[name] = float(np.median([r.switch_count for r in runs]))
     statics = {n: w for n, w in walls.items() if n.startswith("static-")}
     best = min(statics, key=lambda n: (statics[n], n))
-    return {"wall_s": {n: round(w, 3) for n, w in walls.items()}, "switches": switches, "best_static": best,
-            "elastic_over_best_static": round(statics[best] / walls["elastic"], 4),
-            "elastic_over_colocate": round(walls["colocate"] / walls["elastic"], 4),
-            REFERENCE: round(walls[SYNC_COLOCATE] / walls["elastic"], 4)}
+    out = {"wall_s": {n: round(w, 3) for n, w in walls.items()}, "switches": switches, "best_static": best,
+           "elastic_over_best_static": round(statics[best] / walls["elastic"], 4),
+           "elastic_over_colocate": round(walls["colocate"] / walls["elastic"], 4)}
+    if reference:
+        out[REFERENCE] = round(walls[SYNC_COLOCATE] / walls["elastic"], 4)
+    return out
 
 
 def _geomean(values: Sequence[float]) -> float:
@@ -188,9 +194,10 @@ def _geomean(values: Sequence[float]) -> float:
 
 def run_compare(cfg: ElasticDemoConfig, seeds: Sequence[int], *,
                 on_tick: Callable[[str, int, int], None] | None = None,
-                ray_address: str | None = None) -> dict[str, Any]:
-    """Every seed live (all schedules) and through the simulator; returns the comparison's JSON summary
-    (per seed, the geometric means, the goals and whether each is met) and writes ``compare.png``."""
+                ray_address: str | None = None, reference: bool = False) -> dict[str, Any]:
+    """Every seed live (all schedules; the synchronous colocate too with ``reference``) and through the
+    simulator; returns the comparison's JSON summary (per seed, the geometric means, the goals and whether
+    each is met) and writes ``compare.png``."""
     if not seeds:
         raise ValueError("--compare needs at least one seed")
     t0 = time.perf_counter()
@@ -198,7 +205,8 @@ def run_compare(cfg: ElasticDemoConfig, seeds: Sequence[int], *,
     per_seed = []
     for seed in seeds:
         seed_dir = out_dir / f"seed-{seed}" if out_dir else None
-        scfg = replace(cfg, seed=seed, schedules=compare_schedules(cfg.cells), out_dir=seed_dir)
+        scfg = replace(cfg, seed=seed, schedules=compare_schedules(cfg.cells, reference),
+                       out_dir=seed_dir)
         results: dict[str, ScheduleResult] = {}
         live = run_elastic_demo(scfg, on_tick=on_tick, ray_address=ray_address, keep=results)
         row = summarise_seed(seed, live["schedules"], live["eval_reward_start"])
@@ -212,7 +220,7 @@ def run_compare(cfg: ElasticDemoConfig, seeds: Sequence[int], *,
         row["calibration"] = {k: v for k, v in workload.to_json().items()
                               if k in ("rollout_p50_s", "slots_per_cell", "train_cell_s_per_step",
                                        "train_step_serial_s", "switch_cost_s", "join_cost_s")}
-        row["simulator"] = predict(workload, cfg.cells, cfg.staleness_bound)
+        row["simulator"] = predict(workload, cfg.cells, cfg.staleness_bound, reference=reference)
         row["out_dir"] = live["out_dir"]
         per_seed.append(row)
     summary = summarise(per_seed)

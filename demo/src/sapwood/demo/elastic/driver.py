@@ -17,6 +17,7 @@ versioned broadcast in buckets over gloo. The calls, tokens, switches, store and
 
 from __future__ import annotations
 
+import json
 import tempfile
 import threading
 import time
@@ -490,4 +491,5 @@ def run_elastic_demo(cfg: ElasticDemoConfig, *, on_tick: Callable[[str, int, int
     summary["out_dir"] = str(out_dir)
     summary["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
     summary["total_s"] = round(time.perf_counter() - t_start, 1)
+    (out_dir / "summary.json").write_text(json.dumps(summary))  # kept whatever a caller does next
     return summary

@@ -80,6 +80,7 @@ class ClusterSim:
         self.refused_moves = 0  # moves of a pinned core cell out of training the simulator refused
         self.role_cell_s = {cid: dict.fromkeys(("rollout", "train", "idle", "switching"), 0.0) for cid in ids}
         self.train_working = False  # train cells have work in hand (what the train-busy accounting integrates)
+        self.in_serial = False  # a step's serial part runs (its train cells idle, the run is not stalled)
         self.version = 0
         self.next_idx = 0
         self.running: dict[int, _Rollout] = {}
@@ -207,8 +208,9 @@ class ClusterSim:
                 self.train_remaining = yield from self._work_off(self.train_remaining)
             if w.train_step_serial_s > 0:  # the part of a step more train cells do not shorten
                 self._account()
-                self.train_working = False
+                self.train_working, self.in_serial = False, True
                 yield self.env.timeout(w.train_step_serial_s)
+                self.in_serial = False
             self._account()
             self.train_active = self.train_working = False
             self.train_remaining = 0.0
@@ -397,9 +399,10 @@ class ClusterSim:
             yield self.env.timeout(self.w.tick_s) | self._changed | self.done
 
     def _check_stall(self, since: float | None) -> float | None:
-        """Raise when nothing has run (no rollout, no training work, no switch) for 10 ticks: the policy
-        left the run without a cell where the work is, so it would never finish."""
-        busy = self.running or any(c.switching for c in self.cells) or (self.train_working and self.active("train"))
+        """Raise when nothing has run (no rollout, no training work, no step's serial part, no switch) for 10
+        ticks: the policy left the run without a cell where the work is, so it would never finish."""
+        busy = (self.running or any(c.switching for c in self.cells) or self.in_serial
+                or (self.train_working and self.active("train")))
         if busy:
             return None
         if since is None:
