@@ -178,3 +178,44 @@ def test_to_device_copies() -> None:
     moved = batch.to("cpu")
     assert torch.equal(moved.tokens, batch.tokens)
     assert moved.execution_ids == batch.execution_ids
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_context_view_gives_its_tokens_the_whole_batchs_outputs(seed: int) -> None:
+    """The view of some trainable tokens holds them and every context ancestor, re-indexed; its forward gives
+    those tokens the whole batch's log-probs and values; the weights stay the whole batch's."""
+    from sapwood.learner.model import TinyActorCritic, TinyTransformerConfig, tree_forward
+
+    batch = random_tree_batch(seed, num_executions=4, jmax=4, max_segments=3, vocab_size=32)
+    torch.manual_seed(seed)
+    model = TinyActorCritic(TinyTransformerConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                                                  max_position=256))
+    trainable = batch.trainable.nonzero().squeeze(1)
+    chosen = torch.zeros_like(batch.trainable)
+    chosen[trainable[len(trainable) // 3: 2 * len(trainable) // 3]] = True
+    view, index = batch.context_view(chosen)
+    assert view.num_tokens < batch.num_tokens, "a third of the trainable tokens need less than the whole batch"
+    assert torch.equal(index, index.sort().values), "the view keeps the batch's order (parents first)"
+    assert bool(chosen[index].sum() == chosen.sum()), "every chosen token is in the view"
+    ancestors = batch.attention_mask()[chosen].any(dim=0)
+    assert torch.equal(torch.zeros_like(chosen).index_fill_(0, index, True), ancestors | chosen)
+    assert torch.equal(index[view.parent[view.parent >= 0]], batch.parent[index][view.parent >= 0])
+    torch.testing.assert_close(view.token_weight(), batch.token_weight()[index])
+    with torch.no_grad():
+        whole, part = tree_forward(model, batch), tree_forward(model, view)
+    local = chosen[index]
+    torch.testing.assert_close(part.logprob[local], whole.logprob[index][local], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(part.values[local], whole.values[index][local], rtol=1e-5, atol=1e-6)
+
+
+def test_a_context_view_of_everything_is_the_batch_and_of_nothing_is_empty() -> None:
+    batch = random_tree_batch(5, num_executions=2, jmax=4, max_segments=3, vocab_size=32)
+    whole, index = batch.context_view(torch.ones_like(batch.trainable))
+    assert torch.equal(index, torch.arange(batch.num_tokens))
+    assert torch.equal(whole.parent, batch.parent)
+    assert torch.equal(whole.segment_parent, batch.segment_parent)
+    empty, none = batch.context_view(torch.zeros_like(batch.trainable))
+    assert empty.num_tokens == 0
+    assert none.numel() == 0
+    with pytest.raises(ValueError, match=r"\[T\] bool mask"):
+        batch.context_view(torch.ones(batch.num_tokens, dtype=torch.int64))

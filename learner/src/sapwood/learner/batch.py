@@ -135,6 +135,34 @@ class TreeBatch:
             **kw, task_family=list(self.task_family), execution_ids=list(self.execution_ids), weight=weight
         )
 
+    def context_view(self, tokens: Tensor) -> tuple[TreeBatch, Tensor]:
+        """``(view, index)``: the tokens of ``tokens`` ([T] bool) and every context ancestor they attend to,
+        as a batch of their own ([t] re-indexed ``parent`` / ``segment_parent``; a ``segment_parent``
+        outside the view becomes -1), and ``index`` [t] int64 of each view token in this batch.
+
+        Under the tree attention a token's outputs depend on its context ancestors alone, so the view's
+        forward gives the selected tokens' outputs of the whole batch's forward (to float rounding) at a
+        fraction of its cost. The view keeps ``execution_ids`` / ``task_family`` and this batch's weights
+        (``token_weight()``, computed on the whole batch: a view may drop a fork's other branches). It is for
+        a forward, not a batch to train on alone: its cut trajectories end without their leaf rewards.
+        """
+        if tokens.shape != self.tokens.shape or tokens.dtype != torch.bool:
+            raise ValueError(f"context_view takes a [T] bool mask, T = {self.num_tokens}; got "
+                             f"{tuple(tokens.shape)} {tokens.dtype}")
+        keep = self.attention_mask()[tokens].any(dim=0) | tokens
+        index = keep.nonzero().squeeze(1)
+        remap = torch.full((self.num_tokens,), -1, dtype=torch.int64, device=self.device)
+        remap[index] = torch.arange(index.numel(), device=self.device)
+
+        def local(ref: Tensor) -> Tensor:
+            return torch.where(ref >= 0, remap[ref.clamp(min=0)], torch.full_like(ref, -1))
+
+        kw = {name: getattr(self, name)[index] for name in _TENSOR_FIELDS}
+        kw["parent"], kw["segment_parent"] = local(kw["parent"]), local(kw["segment_parent"])
+        view = TreeBatch(**kw, task_family=list(self.task_family), execution_ids=list(self.execution_ids),
+                         weight=self.token_weight()[index])
+        return view, index
+
     # -------------------------------------------------------- derived (cached)
     def _cached(self, key: str, make: Any) -> Tensor:
         if key not in self._cache:

@@ -97,9 +97,9 @@ class LossTargets:
             weight=batch.token_weight() if config.fork_weighting == "path" else None,
         )
 
-    def select(self, index: Tensor, weight: Tensor) -> LossTargets:
+    def select(self, index: Tensor, weight: Tensor | None) -> LossTargets:
         """Targets of token occurrences ``index`` [N] with weights [N] (the flattened baseline,
-        ``FlatBatch.cat_weight``)."""
+        ``FlatBatch.cat_weight``; a micro-batch's context view, ``TreeBatch.context_view``), None = 1."""
         return LossTargets(
             mask=self.mask[index],
             rollout_logprob=self.rollout_logprob[index],

@@ -130,12 +130,17 @@ def flat_grad(model: torch.nn.Module) -> torch.Tensor:
 
 def micro_gradient(model: torch.nn.Module, batch: TreeBatch, targets: LossTargets, config: LearnerConfig,
                    mask: torch.Tensor, share: float) -> torch.Tensor:
-    """[P] gradient of ``share`` × the SAO loss (policy + value) over the tokens of ``mask``."""
+    """[P] gradient of ``share`` × the SAO loss (policy + value) over the tokens of ``mask`` ([T] bool). The
+    forward runs over those tokens and their context ancestors only (``TreeBatch.context_view``), not the
+    whole batch: the same outputs for them, a fraction of the batch's attention and backward."""
     model.train()
     model.zero_grad(set_to_none=True)
     if share == 0.0:
         return torch.cat([torch.zeros_like(p).reshape(-1) for p in model.parameters()])
-    loss, _ = compute_losses(tree_forward(model, batch), replace(targets, mask=mask), config, policy=True)
+    view, index = batch.context_view(mask)
+    local = replace(targets.select(index, targets.weight[index] if targets.weight is not None else None),
+                    mask=mask[index])
+    loss, _ = compute_losses(tree_forward(model, view), local, config, policy=True)
     (loss * share).backward()
     return flat_grad(model)
 
