@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sapwood.demo.config import DemoConfig
-from sapwood.demo.critic_warmup import REPLAY_RUN, warm_critic_from_replay
+from sapwood.demo.critic_warmup import warm_critic_from_replay
 from sapwood.learner.model import TinyActorCritic
 from sapwood.platform import runs
 from sapwood.platform.storage.dialects import embedded_url
@@ -42,13 +42,31 @@ def test_the_critic_moves_and_the_policy_stays(tmp_path: Path, executions: int, 
     for name in actor:
         assert torch.equal(warmed[name], state[name]), f"the policy's {name} moved"
     assert any(not torch.equal(warmed[name], state[name]) for name in critic), "no critic parameter moved"
-    store = Store.open(embedded_url(tmp_path / "critic-warmup.db"))
+    assert _replayed(tmp_path, done.replay_run)["done"] == executions  # each trained once, none left claimed
+
+
+def _replayed(out_dir: Path, replay_run: str | None) -> dict[str, int]:
+    assert replay_run is not None
+    store = Store.open(embedded_url(out_dir / "critic-warmup.db"))
     try:
         with store.transaction() as conn:
-            progress = runs.run_progress(conn, REPLAY_RUN)
+            return runs.run_progress(conn, replay_run)
     finally:
         store.close()
-    assert progress["done"] == executions  # every replayed execution trained once, none left claimed
+
+
+def test_a_second_warm_up_into_the_same_folder_replays_its_own_executions(tmp_path: Path) -> None:
+    """A demo re-run into the same ``--out-dir`` warms its critic again: it neither fails on the first run's ids
+    nor replays the first run's executions with its own."""
+    cfg = DemoConfig(seed=3)
+    _, state = _model_and_state(cfg)
+    _, first = warm_critic_from_replay(cfg, state, 4, 4, tmp_path)
+    _, second = warm_critic_from_replay(cfg, state, 4, 4, tmp_path)
+    assert first.replay_run != second.replay_run
+    assert second.steps == 1, "4 executions, batches of 4: one step, not two over both runs' executions"
+    for done in (first, second):
+        progress = _replayed(tmp_path, done.replay_run)
+        assert progress["done"] == 4, progress
 
 
 def test_no_executions_is_no_warm_up(tmp_path: Path) -> None:

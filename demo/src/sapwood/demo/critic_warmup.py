@@ -13,6 +13,7 @@ follows that critic's advantages: in the elastic demo's six steps, the held-out 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,8 @@ WARMUP_STREAM = 4243
 
 ROLLOUT_RUN = "critic-warmup-v0"
 REPLAY_RUN = "critic-warmup-replay"
+"""Prefixes of the warm-up's run ids; each warm-up adds a suffix of its own, so a second warm-up into the same
+folder records and replays its own executions only."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,13 @@ class CriticWarmup:
     value_loss_first: float | None
     value_loss_last: float | None
     seconds: float
+    replay_run: str | None = None
+    """The replay run's id in ``critic-warmup.db`` (None when nothing was played)."""
 
-    def to_json(self) -> dict[str, float | int | None]:
+    def to_json(self) -> dict[str, float | int | str | None]:
         return {"executions": self.executions, "steps": self.steps, "value_loss_first": self.value_loss_first,
-                "value_loss_last": self.value_loss_last, "seconds": round(self.seconds, 2)}
+                "value_loss_last": self.value_loss_last, "seconds": round(self.seconds, 2),
+                "replay_run": self.replay_run}
 
 
 def warm_critic_from_replay(cfg: DemoConfig, state: dict[str, torch.Tensor], executions: int, batch_size: int,
@@ -73,21 +79,23 @@ def warm_critic_from_replay(cfg: DemoConfig, state: dict[str, torch.Tensor], exe
     env = KeyRecallEnv(cfg.task)
     rng = np.random.default_rng([cfg.seed, WARMUP_STREAM])
     tasks = [env.sample_task(rng, task_id=f"warmup-{i}") for i in range(executions)]
+    tag = uuid.uuid4().hex[:8]
+    rollout_run, replay_run = f"{ROLLOUT_RUN}-{tag}", f"{REPLAY_RUN}-{tag}"
     out_dir.mkdir(parents=True, exist_ok=True)
     store = Store.open(embedded_url(out_dir / "critic-warmup.db"))
     try:
-        recorder = Recorder(InProcessTransport(store, batch_size=256), run_id=ROLLOUT_RUN, engine=LocalTorchEngine.name,
+        recorder = Recorder(InProcessTransport(store, batch_size=256), run_id=rollout_run, engine=LocalTorchEngine.name,
                             vocab_size=model_cfg.vocab_size, task_family=TASK_FAMILY)
         engine = LocalTorchEngine(model_cfg, state=state, policy_version=0, seed=cfg.seed)
         evaluate(cfg, engine, recorder, tasks, "critic-warmup", stream=WARMUP_STREAM)
         recorder.close()
         with store.transaction() as conn:
-            runs.create_run(conn, REPLAY_RUN, runs.ExecutionFilter(run_id=ROLLOUT_RUN), kind="replay", seed=cfg.seed,
+            runs.create_run(conn, replay_run, runs.ExecutionFilter(run_id=rollout_run), kind="replay", seed=cfg.seed,
                             description="critic warm-up: a replay of policy version 0's rollouts")
         lcfg = cfg.learner_config()
         backend = create_backend("torch", model_cfg, lcfg, init_state=state)
         trainer = SAOTrainer(backend, lcfg)
-        source = BatchSource(store, REPLAY_RUN, config=SourceConfig(
+        source = BatchSource(store, replay_run, config=SourceConfig(
             jmax=cfg.jmax, executions_per_batch=batch_size, train_summaries=cfg.train_summaries, seed=cfg.seed))
         losses: list[float] = []
         try:
@@ -100,4 +108,4 @@ def warm_critic_from_replay(cfg: DemoConfig, state: dict[str, torch.Tensor], exe
     finally:
         store.close()
     return warmed, CriticWarmup(executions, len(losses), losses[0] if losses else None,
-                                losses[-1] if losses else None, time.perf_counter() - t0)
+                                losses[-1] if losses else None, time.perf_counter() - t0, replay_run)
