@@ -37,6 +37,7 @@ def test_the_elastic_schedule_trains_megatron_replicas_on_the_cells(tmp_path: Pa
     policy_steps = run["steps"] - cfg.critic_warmup_steps  # an in-run warm-up step is the core's alone, not split
     assert run["satellite_micro_batches"] + run["core_micro_batches"] == policy_steps * cfg.micro_batches
     assert run["executions"] == cfg.executions
+    assert run["calls_sticky"] > 0, "an execution's later calls go back to the cell that holds its KV"
     for key in INTEGRITY:
         assert run[key] == 0, key
     assert summary["config"]["learner_backend"] == "megatron"

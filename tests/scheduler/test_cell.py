@@ -160,6 +160,10 @@ def test_an_executions_next_call_reuses_its_kv_and_samples_what_a_fresh_prefill_
     assert fresh.status()["prefix_hits"] == 0
     assert a["output_ids"].tolist() == b["output_ids"].tolist()
     np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+    # what the router learns its prefill rate from: a whole-context recomputation says it cached nothing
+    assert (first["timings"]["cached_tokens"], first["timings"]["prefill_tokens"]) == (0, len(IDS))
+    assert (a["timings"]["cached_tokens"], a["timings"]["prefill_tokens"]) == (cached, len(nxt) - cached)
+    assert (b["timings"]["cached_tokens"], b["timings"]["prefill_tokens"]) == (0, len(nxt))
 
 
 def test_an_input_that_does_not_extend_the_cached_tokens_recomputes() -> None:

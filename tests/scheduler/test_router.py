@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from ray.exceptions import RayActorError
 
 from sapwood.scheduler.runtime.call_digest import input_digest
@@ -150,6 +151,77 @@ def test_a_session_sticks_to_its_cell_while_it_is_in_rollout() -> None:
     run(router.generate([1, 9, 2], {"session": "e"}))
     assert len((a if first == "a" else b).calls) == 2
     assert router.stats()["sticky"] == 1
+
+
+def _prefilled(prefill_s: float, tokens: int) -> Answer:
+    """An answer that recomputed a whole context of ``tokens`` tokens in ``prefill_s`` seconds."""
+    def ok(key: str, ids: list[int]) -> dict[str, Any]:
+        return {"status": "ok", "output_ids": [9], "logprobs": [-0.5], "policy_version": 0,
+                "input_digest": input_digest(ids),
+                "timings": {"prefill_s": prefill_s, "prefill_tokens": tokens, "cached_tokens": 0}}
+    return ok
+
+
+def _sticky_pair(router: Router, answer: Answer) -> tuple[FakeCell, FakeCell]:
+    """Two one-slot rollout cells; session ``e`` served once (on the first), then its cell made full."""
+    a, b = FakeCell("a", answer), FakeCell("b", answer)
+    router.add_cell("a", a, 1, "rollout")
+    router.add_cell("b", b, 1, "rollout")
+    run(router.generate([1], {"session": "e"}))
+    assert len(a.calls) == 1
+    router.load["a"] = 1  # another call holds the sticky cell's only slot
+    return a, b
+
+
+def test_a_short_context_leaves_its_full_sticky_cell_rather_than_idle_a_free_one() -> None:
+    """Recomputing 3 tokens at the measured 0.1 ms per token costs 0.3 ms: the call moves instead of
+    waiting (here the cap is a day, and no cell frees: the old unbounded wait ended in "no free slot")."""
+    router = Router(sticky_wait_s=86_400.0, no_cell_timeout_s=5.0)
+    a, b = _sticky_pair(router, _prefilled(0.001, 10))
+    assert router.prefill_s_per_token == pytest.approx(1e-4)
+    assert router.sticky_wait(3) == pytest.approx(3e-4)
+    res = run(router.generate([1, 9, 2], {"session": "e"}))
+    assert res["status"] == "ok", res
+    assert (len(a.calls), len(b.calls)) == (1, 1)
+    assert router.stats()["sticky_left"] == 1
+
+
+def test_a_context_costlier_to_recompute_waits_for_its_sticky_cell() -> None:
+    """At 10 s per token, 3 tokens would take 30 s to recompute: the call waits for its own cell's slot."""
+    router = Router(sticky_wait_s=60.0, no_cell_timeout_s=120.0)
+    a, b = _sticky_pair(router, _prefilled(100.0, 10))
+    assert router.sticky_wait(3) == 30.0
+
+    async def scenario() -> dict[str, Any]:
+        task = asyncio.ensure_future(router.generate([1, 9, 2], {"session": "e"}))
+        while router.waiting == 0 and not task.done():
+            await asyncio.sleep(0)
+        router.load["a"] = 0  # the sticky cell's slot frees while the call waits
+        router._changed.set()
+        return await task
+
+    assert run(scenario())["status"] == "ok"
+    assert (len(a.calls), len(b.calls)) == (2, 0)
+    assert router.stats()["sticky_left"] == 0
+
+
+def test_the_prefill_rate_comes_from_whole_context_recomputations_only() -> None:
+    router = Router(sticky_wait_s=2.0)
+    assert router.sticky_wait(10**6) == 2.0, "no rate measured yet: the cap"
+    router._learn_prefill({"prefill_s": 0.01, "prefill_tokens": 10, "cached_tokens": 0})
+    assert router.prefill_s_per_token == 1e-3
+    for ignored in ({"prefill_s": 5.0, "prefill_tokens": 10, "cached_tokens": 1},  # a cached prefix
+                    {"prefill_s": 5.0, "prefill_tokens": 10},  # a cell that does not say
+                    {"prefill_s": 5.0, "prefill_tokens": 0, "cached_tokens": 0},
+                    {"prefill_s": float("nan"), "prefill_tokens": 10, "cached_tokens": 0},
+                    {"prefill_s": -1.0, "prefill_tokens": 10, "cached_tokens": 0}, {}):
+        router._learn_prefill(ignored)
+        assert router.prefill_s_per_token == 1e-3, ignored
+    router._learn_prefill({"prefill_s": 0.02, "prefill_tokens": 10, "cached_tokens": 0})
+    assert router.prefill_s_per_token == pytest.approx(0.8e-3 + 0.2 * 2e-3)  # PREFILL_EWMA = 0.2
+    assert router.sticky_wait(1000) == pytest.approx(1.2)
+    assert router.sticky_wait(2000) == 2.0, "never past the cap"
+    assert router.sticky_wait(0) == 0.0
 
 
 def test_a_reroute_hint_to_a_full_cell_is_queued_not_dropped() -> None:

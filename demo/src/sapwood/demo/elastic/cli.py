@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 ROWS = (("wall_s", "wall time (s)"), ("steps", "training steps"), ("switches", "switches"),
-        ("calls_rerouted", "calls re-routed"), ("envs_reset", "environments reset"),
+        ("calls_rerouted", "calls re-routed"), ("calls_left_sticky_cell", "calls that left a full sticky cell"),
+        ("envs_reset", "environments reset"),
         ("calls_lost", "calls lost (store)"), ("calls_duplicated", "calls duplicated (store)"),
         ("executions_error", "executions ended error"), ("eval_reward_end", "eval reward at the end"))
 

@@ -210,6 +210,8 @@ class ScheduleResult:
             "switch_phase_mean_s": {k: round(float(np.mean(v)), 4) for k, v in phases.items()},
             "calls_rerouted": int(self.router.get("rerouted", 0)),
             "attempts_aborted": int(self.router.get("aborted", 0)),
+            "calls_sticky": int(self.router.get("sticky", 0)),
+            "calls_left_sticky_cell": int(self.router.get("sticky_left", 0)),
             "slot_occupancy": _ratio(occ.get("rollout_slot_s", 0.0), occ.get("rollout_slot_capacity_s", 0.0)),
             "train_cell_occupancy": _ratio(occ.get("train_device_s", 0.0), occ.get("train_cell_s", 0.0)),
             "switch_overhead_cell_s": round(sum(sw["wall_s"] for sw in self.switches), 3),

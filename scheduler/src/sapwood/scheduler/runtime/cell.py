@@ -116,7 +116,9 @@ class Cell:
     def generate(self, call_key: str, input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
         """Serve one call (``params``: ``SamplingParams.to_dict()``, optionally ``decode_scale`` × the
         per-token delay and ``session``, the execution's key for its KV cache; default the call key):
-        ``{"status": "ok", output_ids, logprobs, policy_version, finish_reason, timings}``, or
+        ``{"status": "ok", output_ids, logprobs, policy_version, finish_reason, timings}`` (``timings``:
+        ``latency_s``, ``prefill_s`` = the first step's extend, ``prefill_tokens`` it fed and ``cached_tokens``
+        it reused from the session's KV), or
         ``{"status": "refused", "reason"}``, or ``{"status": "aborted", "reason", output_ids, logprobs,
         policy_version}`` with the partial output sampled before the abort (the router continues it)."""
         import torch
@@ -139,6 +141,7 @@ class Cell:
             version = engine.policy_version
             fed, past, logits = self._start_kv(session, call.input_ids, version)
             pending = call.input_ids[len(fed):]
+            cached_tokens, prefill_tokens = len(fed), len(pending)
             lps: list[float] = []
             finish: str | None = None
             prefill_s = 0.0
@@ -190,7 +193,8 @@ class Cell:
             with self._lock:
                 self.served += 1
             return {"status": "ok", **out, "finish_reason": finish,
-                    "timings": {"latency_s": time.perf_counter() - t0, "prefill_s": prefill_s}}
+                    "timings": {"latency_s": time.perf_counter() - t0, "prefill_s": prefill_s,
+                                "prefill_tokens": prefill_tokens, "cached_tokens": cached_tokens}}
         finally:
             call.stopped.set()
             with self._lock:

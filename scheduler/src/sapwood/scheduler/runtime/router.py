@@ -2,8 +2,12 @@
 call elsewhere when its attempt is lost.
 
 Sticky: a call that names a ``session`` (its execution's key) goes to the cell that served the session's
-previous call while that cell is in rollout (waiting up to ``sticky_wait_s`` for a free slot there),
-so the cell's KV of the execution is reused.
+previous call while that cell is in rollout, so the cell's KV of the execution is reused. When that cell
+is full and another has a free slot, the call waits for the sticky cell no longer than recomputing its
+context elsewhere would take (:meth:`Router.sticky_wait`: its tokens × the prefill seconds per token
+measured from the cells' answers that recomputed a whole context), and at most ``sticky_wait_s`` (also
+the wait before any rate is measured). Waiting longer than the recomputation idles a free slot to save
+less than it costs; a long context (a costly prefill) waits, a short one moves.
 
 An attempt is lost when its cell aborts it (a switch's grace period ran out) or dies (``ray.kill``,
 a crash: :class:`ray.exceptions.RayActorError`). An aborted attempt answers with its partial output:
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from typing import Any
@@ -43,7 +48,10 @@ from ray.exceptions import RayActorError
 
 from sapwood.scheduler.runtime.call_digest import input_digest
 
-__all__ = ["Router"]
+__all__ = ["PREFILL_EWMA", "Router"]
+
+PREFILL_EWMA = 0.2
+"""Weight of each new measurement in the router's running prefill seconds per token."""
 
 
 class Router:
@@ -67,8 +75,10 @@ class Router:
         self.sticky_wait_s, self.hint_wait_s = sticky_wait_s, hint_wait_s
         self.waiting = 0
         self.slot_time: dict[str, list[float]] = {}  # session -> [waited_s, held_s]
+        self.prefill_s_per_token: float | None = None  # running average, from whole-context recomputations
         self.counts = {"calls": 0, "attempts": 0, "rerouted": 0, "aborted": 0, "cell_lost": 0, "refused": 0,
-                       "discarded_tokens": 0, "continued_tokens": 0, "sticky": 0, "version_changed": 0}
+                       "discarded_tokens": 0, "continued_tokens": 0, "sticky": 0, "sticky_left": 0,
+                       "version_changed": 0}
         self._changed = asyncio.Event()
 
     # -- membership ---------------------------------------------------------------------------------
@@ -123,13 +133,33 @@ class Router:
     def _eligible(self) -> list[str]:
         return [c for c, r in self.roles.items() if r == "rollout" and c not in self.draining and c not in self.lost]
 
-    async def _pick(self, key: str, session: str | None) -> str | None:
+    def sticky_wait(self, context_tokens: int) -> float:
+        """Seconds a call of ``context_tokens`` tokens waits for its session's full sticky cell while another
+        cell has a free slot: what recomputing the context there would take (tokens × the measured prefill
+        seconds per token), at most ``sticky_wait_s``; ``sticky_wait_s`` before any rate is measured."""
+        if self.prefill_s_per_token is None:
+            return self.sticky_wait_s
+        return min(self.sticky_wait_s, max(context_tokens, 0) * self.prefill_s_per_token)
+
+    def _learn_prefill(self, timings: dict[str, Any]) -> None:
+        """Update the prefill seconds per token from an answer that recomputed a whole context (no cached
+        prefix: a session's first call, or one that moved); other answers, or odd figures, are ignored."""
+        tokens, seconds = timings.get("prefill_tokens"), timings.get("prefill_s")
+        if timings.get("cached_tokens") != 0 or not isinstance(tokens, int) or tokens < 1 or seconds is None:
+            return
+        rate = float(seconds) / tokens
+        if not math.isfinite(rate) or rate < 0:
+            return
+        old = self.prefill_s_per_token
+        self.prefill_s_per_token = rate if old is None else (1 - PREFILL_EWMA) * old + PREFILL_EWMA * rate
+
+    async def _pick(self, key: str, session: str | None, context_tokens: int = 0) -> str | None:
         """A cell with a free slot: the switch's hint for ``key`` (the next slot freed there is reserved for
-        it, waited for up to ``hint_wait_s``), else the session's sticky cell (up to ``sticky_wait_s``),
-        else the least loaded; None after ``no_cell_timeout_s``."""
+        it, waited for up to ``hint_wait_s``), else the session's sticky cell (waited for up to
+        :meth:`sticky_wait` of ``context_tokens``), else the least loaded; None after ``no_cell_timeout_s``."""
         now = time.monotonic()
         deadline = now + self.no_cell_timeout_s
-        hint_until, sticky_until = now + self.hint_wait_s, now + self.sticky_wait_s
+        hint_until, sticky_until = now + self.hint_wait_s, now + self.sticky_wait(context_tokens)
         while True:
             eligible = self._eligible()
             hint = self.hints.get(key)
@@ -146,6 +176,7 @@ class Router:
                     self.counts["sticky"] += 1
                     return sticky
                 if free and not (sticky in eligible and time.monotonic() < sticky_until):
+                    self.counts["sticky_left"] += sticky in eligible  # its full cell waited out: it moves
                     return min(free, key=lambda c: self.load[c] / self.capacity[c])
             if time.monotonic() > deadline:
                 return None
@@ -172,7 +203,7 @@ class Router:
                 self.waiting += 1
                 t_wait = time.monotonic()
                 try:
-                    cid = await self._pick(key, session)
+                    cid = await self._pick(key, session, len(input_ids) + len(kept_ids))
                 finally:
                     self.waiting -= 1
                     times[0] += time.monotonic() - t_wait
@@ -208,6 +239,7 @@ class Router:
                     if session is not None:
                         self.sessions[str(session)] = cid
                 if status == "ok":
+                    self._learn_prefill(res.get("timings") or {})
                     return self._joined(res, input_ids, kept_ids, kept_lps, start_version, attempts)
                 if status == "refused":
                     self.counts["refused"] += 1
@@ -252,4 +284,5 @@ class Router:
 
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "lost_cells": dict(self.lost), "load": dict(self.load), "roles": dict(self.roles),
-                "draining": sorted(self.draining), "waiting": self.waiting}
+                "draining": sorted(self.draining), "waiting": self.waiting,
+                "prefill_s_per_token": self.prefill_s_per_token}
