@@ -210,6 +210,8 @@ def test_the_prefill_rate_comes_from_whole_context_recomputations_only() -> None
     assert router.sticky_wait(10**6) == 2.0, "no rate measured yet: the cap"
     router._learn_prefill({"prefill_s": 0.01, "prefill_tokens": 10, "cached_tokens": 0})
     assert router.prefill_s_per_token == 1e-3
+    assert router.sticky_wait(2000) == 2.0, "2000 tokens × 1 ms: exactly the cap"
+    assert router.sticky_wait(1999) < 2.0
     for ignored in ({"prefill_s": 5.0, "prefill_tokens": 10, "cached_tokens": 1},  # a cached prefix
                     {"prefill_s": 5.0, "prefill_tokens": 10},  # a cell that does not say
                     {"prefill_s": 5.0, "prefill_tokens": 0, "cached_tokens": 0},
